@@ -1,0 +1,3 @@
+from omni_cli.cli import main
+
+main()

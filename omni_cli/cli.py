@@ -1,0 +1,63 @@
+"""The `omni` command line: thin Typer commands over the run functions.
+
+Exit codes: 0 every row ok; 1 some rows failed (the others were written);
+2 bad usage, config or input file (nothing generated); 130 interrupted.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from omni_cli.errors import OmniError
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, help="Batch text-to-speech generation.")
+
+
+@app.callback()
+def _root() -> None:
+    """omni: turn prompt files into speech datasets."""
+
+
+@app.command()
+def generate(
+    prompts: str = typer.Argument(..., help="Prompt file (.jsonl, .csv or text lines), or - for stdin."),
+    out: Path = typer.Option(..., "-o", "--out", help="Output folder."),
+    model: Optional[str] = typer.Option(None, "--model", help="Model config: a YAML path or a name in configs/ "
+                                        "(default: the embedded tiny-higgs-audio-v2)."),
+    seed: Optional[int] = typer.Option(None, "--seed", help="Run seed; rows without a seed derive theirs from it."),
+    max_batch_size: Optional[int] = typer.Option(None, "--max-batch-size", help="Rows decoded together (KV slots)."),
+    temperature: Optional[float] = typer.Option(None, "--temperature", help="0 means greedy."),
+    top_k: Optional[int] = typer.Option(None, "--top-k", help="0 disables."),
+    top_p: Optional[float] = typer.Option(None, "--top-p", help="1 disables."),
+    max_new_frames: Optional[int] = typer.Option(None, "--max-new-frames", help="Frames per row at most (25 per second)."),
+    fmt: str = typer.Option("wav", "--format", help="Audio format: wav or flac."),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="Print nothing but errors."),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Replace results already in the output folder."),
+) -> None:
+    """Generate speech for every prompt row."""
+    from omni_cli.generate import GenerateOptions, run_generate
+
+    opts = GenerateOptions(prompts=prompts, out=out, model=model, seed=seed, max_batch_size=max_batch_size,
+                           temperature=temperature, top_k=top_k, top_p=top_p, max_new_frames=max_new_frames,
+                           fmt=fmt, quiet=quiet, overwrite=overwrite)
+    summary = _run(lambda: run_generate(opts))
+    if summary.interrupted:
+        raise typer.Exit(130)
+    if summary.failed:
+        raise typer.Exit(1)
+
+
+def _run(fn):
+    """Call fn, turning user-facing errors into a message and an exit code."""
+    try:
+        return fn()
+    except OmniError as e:
+        typer.echo(f"omni: error: {e}", err=True)
+        raise typer.Exit(e.exit_code) from None
+
+
+def main() -> None:
+    app()

@@ -1,0 +1,142 @@
+"""Model configs: YAML files under configs/, loaded into frozen dataclasses.
+
+Every key is checked at load time. An unknown key, a wrong type or a missing
+file is a ConfigError that names the YAML file and the key, so a typo never
+silently falls back to a default.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from omni_cli.errors import ConfigError
+from omni_cli.params import FIELD_NAMES, SamplingParams, check_field
+
+# configs/ beside the package (the repository layout; `pip install -e .`).
+CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
+DEFAULT_CONFIG = "tiny-higgs-audio-v2"
+
+DTYPES = ("float32", "bfloat16", "float16")
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    path: Path  # the YAML file this came from
+    family: str  # runner family, e.g. "higgs_audio_v2"
+    checkpoint: str  # absolute local folder, or a hub id
+    codec: str  # absolute local folder, or a hub id
+    dtype: str = "float32"
+    device: str = "auto"  # auto | cpu | cuda | cuda:N
+    max_batch_size: int = 8  # decode rows, and KV slots
+    max_seq_len: int = 2048  # tokens per KV slot: prompt + generated frames
+    async_decode: bool = False
+    system_prompt: str = "Generate audio following instruction."
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+
+    def as_dict(self) -> dict[str, Any]:
+        d = {k: getattr(self, k) for k in self.__dataclass_fields__ if k not in ("path", "sampling")}
+        d["path"] = str(self.path)
+        d["sampling"] = {k: getattr(self.sampling, k) for k in FIELD_NAMES}
+        d["sampling"]["suppress_tokens"] = list(self.sampling.suppress_tokens)
+        return d
+
+
+_TOP_KEYS = {
+    "family": str,
+    "checkpoint": str,
+    "codec": str,
+    "dtype": str,
+    "device": str,
+    "max_batch_size": int,
+    "max_seq_len": int,
+    "async_decode": bool,
+    "system_prompt": str,
+    "sampling": dict,
+}
+_REQUIRED = ("family", "checkpoint", "codec")
+
+
+def find_config(spec: str | Path | None) -> Path:
+    """``--model`` takes a path to a YAML file or the name of a file in configs/."""
+    spec = str(spec) if spec is not None else DEFAULT_CONFIG
+    direct = Path(spec).expanduser()
+    if direct.is_file():
+        return direct.resolve()
+    for name in (spec, f"{spec}.yaml", f"{spec}.yml"):
+        candidate = CONFIG_DIR / name
+        if candidate.is_file():
+            return candidate
+    known = sorted(p.stem for p in CONFIG_DIR.glob("*.yaml"))
+    raise ConfigError(spec, None, f"no such config file, and no config of that name in {CONFIG_DIR} (known: {', '.join(known)})")
+
+
+def _type_name(t: type) -> str:
+    return {str: "a string", int: "an integer", bool: "true or false", dict: "a mapping"}[t]
+
+
+def _resolve_location(path: Path, key: str, value: str) -> str:
+    """A folder relative to the YAML file, an absolute folder, or a hub id (owner/name)."""
+    looks_local = value.startswith((".", "/", "~")) or (path.parent / value).exists()
+    if looks_local:
+        folder = (path.parent / Path(value).expanduser()).resolve()
+        if not folder.is_dir():
+            raise ConfigError(path, key, f"folder {folder} does not exist")
+        return str(folder)
+    if value.count("/") != 1 or any(not part for part in value.split("/")):
+        raise ConfigError(path, key, f"{value!r} is neither an existing folder nor a hub id of the form owner/name")
+    return value
+
+
+def load_config(spec: str | Path | None) -> ModelConfig:
+    path = find_config(spec)
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as e:
+        raise ConfigError(path, None, f"not valid YAML: {e}") from None
+    if not isinstance(raw, dict):
+        raise ConfigError(path, None, "must be a mapping of keys to values")
+
+    for key, value in raw.items():
+        if key not in _TOP_KEYS:
+            raise ConfigError(path, str(key), f"unknown key (known: {', '.join(_TOP_KEYS)})")
+        want = _TOP_KEYS[key]
+        ok = isinstance(value, want) and not (want is int and isinstance(value, bool))
+        if not ok:
+            raise ConfigError(path, key, f"must be {_type_name(want)}, got {value!r}")
+    for key in _REQUIRED:
+        if key not in raw:
+            raise ConfigError(path, key, "is required")
+
+    if raw.get("dtype", "float32") not in DTYPES:
+        raise ConfigError(path, "dtype", f"must be one of {', '.join(DTYPES)}, got {raw['dtype']!r}")
+    device = raw.get("device", "auto")
+    if not (device in ("auto", "cpu", "cuda") or (device.startswith("cuda:") and device[5:].isdigit())):
+        raise ConfigError(path, "device", f"must be auto, cpu, cuda or cuda:N, got {device!r}")
+    for key in ("max_batch_size", "max_seq_len"):
+        if key in raw and raw[key] < 1:
+            raise ConfigError(path, key, f"must be >= 1, got {raw[key]}")
+
+    if raw.get("async_decode"):
+        # The key is part of the config schema; the lookahead path is not built yet.
+        raise ConfigError(path, "async_decode", "async decode is not available in this version; set it to false")
+
+    sampling = SamplingParams()
+    for key, value in (raw.get("sampling") or {}).items():
+        if key not in FIELD_NAMES:
+            raise ConfigError(path, f"sampling.{key}", f"unknown key (known: {', '.join(FIELD_NAMES)})")
+        try:
+            sampling = sampling.with_overrides(**{key: value})
+        except ValueError as e:
+            raise ConfigError(path, f"sampling.{key}", str(e)) from None
+
+    values = {k: v for k, v in raw.items() if k != "sampling"}
+    values["checkpoint"] = _resolve_location(path, "checkpoint", raw["checkpoint"])
+    values["codec"] = _resolve_location(path, "codec", raw["codec"])
+    return ModelConfig(path=path, sampling=sampling, **values)
+
+
+__all__ = ["ModelConfig", "load_config", "find_config", "check_field", "CONFIG_DIR", "DEFAULT_CONFIG"]

@@ -1,0 +1,191 @@
+"""`omni generate`: prompts in, audio files + logprobs + manifest out.
+
+The host loop is: schedule -> runner.execute -> retire finished requests ->
+decode their audio and write their files. Every input row ends in the
+manifest: ok, failed (with the error naming the row and field) or, after
+Ctrl-C, interrupted.
+"""
+
+from __future__ import annotations
+
+import importlib
+import platform
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from omni_cli import __version__
+from omni_cli.config import load_config
+from omni_cli.errors import OmniError, RowError
+from omni_cli.output import OutputWriter, check_out_dir, write_run_json
+from omni_cli.progress import Progress
+from omni_cli.prompts import read_prompts
+from omni_cli.scheduler import Request, Scheduler
+from omni_cli.seeds import row_seed
+
+FAMILIES = {"higgs_audio_v2": "runners.higgs_audio_v2"}
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+@dataclass(frozen=True)
+class GenerateOptions:
+    prompts: str
+    out: Path
+    model: str | None = None
+    seed: int | None = None
+    max_batch_size: int | None = None
+    temperature: float | None = None
+    top_k: int | None = None
+    top_p: float | None = None
+    max_new_frames: int | None = None
+    fmt: str = "wav"
+    quiet: bool = False
+    overwrite: bool = False
+
+
+@dataclass
+class RunSummary:
+    total: int
+    ok: int
+    failed: int
+    interrupted: bool
+
+
+def pick_device(spec: str) -> torch.device:
+    if spec == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if spec.startswith("cuda") and not torch.cuda.is_available():
+        raise OmniError(f"device {spec!r} requested but CUDA is not available")
+    return torch.device(spec)
+
+
+def _versions() -> dict[str, str]:
+    import transformers
+
+    return {"omni_cli": __version__, "torch": torch.__version__, "transformers": transformers.__version__,
+            "python": platform.python_version()}
+
+
+def run_generate(opts: GenerateOptions) -> RunSummary:
+    t0 = time.perf_counter()
+    config = load_config(opts.model)
+    if opts.max_batch_size is not None:
+        if opts.max_batch_size < 1:
+            raise OmniError(f"--max-batch-size must be >= 1, got {opts.max_batch_size}")
+        config = replace(config, max_batch_size=opts.max_batch_size)
+    base_params = config.sampling
+    flags = {"temperature": opts.temperature, "top_k": opts.top_k, "top_p": opts.top_p,
+             "max_new_frames": opts.max_new_frames}
+    for name, value in flags.items():
+        try:
+            base_params = base_params.with_overrides(**{name: value})
+        except ValueError as e:
+            raise OmniError(f"--{name.replace('_', '-')}: {e}") from None
+    rows = read_prompts(opts.prompts)
+    check_out_dir(opts.out, opts.overwrite)
+
+    device = pick_device(config.device)
+    dtype = DTYPES[config.dtype]
+    family = importlib.import_module(FAMILIES[config.family]) if config.family in FAMILIES else None
+    if family is None:
+        raise OmniError(f"{config.path}: key 'family': unknown family {config.family!r} (known: {', '.join(FAMILIES)})")
+    runner, prompt_builder = family.build(config, dtype, device)
+    t_loaded = time.perf_counter()
+
+    writer = OutputWriter(opts.out, opts.fmt, runner.sample_rate)
+    scheduler = Scheduler(config.max_batch_size, config.max_seq_len)
+    by_rid: dict[str, tuple] = {}
+    ok = failed = 0
+    interrupted = False
+    progress = Progress(len(rows), opts.quiet)
+
+    def fail(row: int, rid: str, text: str, error: str) -> None:
+        nonlocal failed
+        failed += 1
+        writer.write_failed(row, rid, text, error)
+        progress.row_done(0.0, ok=False)
+        if not opts.quiet:
+            progress._console.print(f"[red]omni: {error}[/red]", highlight=False)
+
+    with progress:
+        for index, r in enumerate(rows):
+            if r.error is not None:
+                fail(r.row, r.id, r.text, r.error)
+                continue
+            try:
+                params = base_params.with_overrides(**r.overrides)
+                system = r.system if r.system is not None else config.system_prompt
+                try:
+                    prompt_ids = prompt_builder.build(r.text, system, r.scene)
+                except ValueError as e:
+                    field, message = e.args
+                    raise RowError(r.row, field, message) from None
+                seed = row_seed(r.seed, opts.seed, r.id)
+                req = Request(rid=r.id, prompt_ids=prompt_ids, params=params, seed=seed, index=index)
+                try:
+                    scheduler.add(req)
+                except ValueError as e:
+                    raise RowError(r.row, "max_new_frames", str(e)) from None
+            except RowError as e:
+                fail(r.row, r.id, r.text, str(e))
+                continue
+            by_rid[r.id] = (r, req)
+
+        try:
+            while scheduler.has_work():
+                so = scheduler.schedule()
+                out = runner.execute(so)
+                progress.step(len(so.requests))
+                for req in so.requests:
+                    reason = out.outputs[req.rid].finish_reason
+                    if reason is None:
+                        continue
+                    scheduler.finish(req, reason)
+                    row, _ = by_rid[req.rid]
+                    record = _write_request(writer, runner, row, req)
+                    ok += 1
+                    progress.row_done(record["duration_s"], ok=True)
+        except KeyboardInterrupt:
+            # what is complete is on disk already; account for the rest
+            interrupted = True
+            for rid, (row, req) in by_rid.items():
+                if req.finish_reason is None:
+                    writer.write_failed(row.row, rid, row.text, "interrupted before it finished", status="interrupted")
+    writer.close()
+    t_end = time.perf_counter()
+    elapsed, fps, asps = progress.rates()
+    write_run_json(opts.out, {
+        "versions": _versions(),
+        "config": config.as_dict(),
+        "device": str(device) + (f" ({torch.cuda.get_device_name(device)})" if device.type == "cuda" else ""),
+        "dtype": config.dtype,
+        "command": {k: (str(v) if isinstance(v, Path) else v) for k, v in opts.__dict__.items()},
+        "totals": {"rows": len(rows), "ok": ok, "failed": failed, "interrupted": interrupted,
+                   "frames": progress.frames, "audio_s": round(progress.audio_s, 3)},
+        "timings": {"load_s": round(t_loaded - t0, 3), "generate_s": round(t_end - t_loaded, 3),
+                    "wall_s": round(t_end - t0, 3), "frames_per_s": round(fps, 2), "audio_s_per_s": round(asps, 3)},
+    })
+    return RunSummary(total=len(rows), ok=ok, failed=failed, interrupted=interrupted)
+
+
+def _write_request(writer: OutputWriter, runner, row, req: Request) -> dict:
+    tokens = np.stack(req.frames)  # [frames, codebooks], as sampled (BOS ramp, EOS staircase)
+    logprobs = np.stack(req.logprobs)
+    audio = runner.decode_audio(tokens)
+    p = req.params
+    meta = {
+        "row": row.row,
+        "text": row.text,
+        "scene": row.scene,
+        "seed": req.seed,
+        "finish_reason": req.finish_reason,
+        "temperature": p.temperature,
+        "top_k": p.top_k,
+        "top_p": p.top_p,
+        "repetition_penalty": p.repetition_penalty,
+        "max_new_frames": p.max_new_frames,
+    }
+    return writer.write_ok(row.row, req.rid, audio, tokens, logprobs, runner.real_code_mask(tokens), meta)

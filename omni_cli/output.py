@@ -1,0 +1,101 @@
+"""Writing results: audio files, logprob arrays, the manifest and run.json.
+
+OUT/audio/<id>.wav|flac   soundfile, at the codec's sample rate
+OUT/logprobs/<id>.npz     tokens, logprobs, mask: each [frames, codebooks]
+OUT/metadata.jsonl        one row per input row, failures included; loadable
+                          as a datasets "audiofolder" (file_name column)
+OUT/run.json              versions, config, device, totals and timings
+
+The manifest is appended and flushed row by row as results complete, so a
+crash loses nothing already written; at the end it is rewritten in input
+order (write to a temporary file, then rename).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import soundfile as sf
+
+from omni_cli.errors import OmniError
+
+FORMATS = ("wav", "flac")
+
+
+def check_out_dir(out: Path, overwrite: bool) -> None:
+    """Refuse to mix a new run into an old one's results, unless told to replace them."""
+    manifest = out / "metadata.jsonl"
+    if manifest.exists() and not overwrite:
+        raise OmniError(f"{out} already holds results ({manifest}); choose another folder or pass --overwrite")
+    if out.exists() and not out.is_dir():
+        raise OmniError(f"{out} exists and is not a folder")
+
+
+def _atomic_write(path: Path, data: bytes) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_bytes(data)
+    os.replace(tmp, path)
+
+
+class OutputWriter:
+    def __init__(self, out: Path, fmt: str, sample_rate: int):
+        if fmt not in FORMATS:
+            raise OmniError(f"--format must be one of {', '.join(FORMATS)}, got {fmt!r}")
+        self.out = out
+        self.fmt = fmt
+        self.sample_rate = sample_rate
+        self.rows: dict[int, dict[str, Any]] = {}  # input row number -> manifest row
+        (out / "audio").mkdir(parents=True, exist_ok=True)
+        (out / "logprobs").mkdir(parents=True, exist_ok=True)
+        self._manifest = open(out / "metadata.jsonl", "w", encoding="utf-8")
+
+    def _record(self, row: int, record: dict[str, Any]) -> None:
+        self.rows[row] = record
+        self._manifest.write(json.dumps(record, ensure_ascii=False) + "\n")
+        self._manifest.flush()
+
+    def write_ok(self, row: int, rid: str, audio: np.ndarray, tokens: np.ndarray, logprobs: np.ndarray,
+                 mask: np.ndarray, meta: dict[str, Any]) -> dict[str, Any]:
+        """Write one finished request's files and its manifest row."""
+        audio_rel = f"audio/{rid}.{self.fmt}"
+        tmp = self.out / f"audio/.{rid}.partial.{self.fmt}"
+        sf.write(tmp, audio, self.sample_rate, format=self.fmt.upper(), subtype="PCM_16" if self.fmt == "flac" else "FLOAT")
+        os.replace(tmp, self.out / audio_rel)
+        npz_rel = f"logprobs/{rid}.npz"
+        tmp = self.out / f"logprobs/.{rid}.partial.npz"
+        with open(tmp, "wb") as f:
+            np.savez(f, tokens=tokens.astype(np.int64), logprobs=logprobs.astype(np.float32), mask=mask.astype(bool))
+        os.replace(tmp, self.out / npz_rel)
+        real = logprobs[mask]
+        record = {
+            "file_name": audio_rel,
+            "id": rid,
+            "status": "ok",
+            **meta,
+            "frames": int(tokens.shape[0]),
+            "duration_s": round(len(audio) / self.sample_rate, 6),
+            "mean_logprob": float(real.mean()) if real.size else None,
+            "logprobs_file": npz_rel,
+        }
+        self._record(meta["row"], record)
+        return record
+
+    def write_failed(self, row: int, rid: str, text: str, error: str, status: str = "failed") -> None:
+        # file_name is where the audio would be, so the manifest still loads as an
+        # audiofolder; status tells users to filter the row out
+        self._record(row, {"file_name": f"audio/{rid}.{self.fmt}", "id": rid, "status": status, "row": row,
+                           "text": text, "error": error})
+
+    def close(self) -> None:
+        """Rewrite the manifest in input order."""
+        self._manifest.close()
+        lines = [json.dumps(self.rows[r], ensure_ascii=False) + "\n" for r in sorted(self.rows)]
+        _atomic_write(self.out / "metadata.jsonl", "".join(lines).encode("utf-8"))
+
+
+def write_run_json(out: Path, info: dict[str, Any]) -> None:
+    _atomic_write(out / "run.json", (json.dumps(info, indent=2, default=str) + "\n").encode("utf-8"))

@@ -1,0 +1,80 @@
+"""Per-row sampling parameters and their validation.
+
+One frozen dataclass is shared by the YAML defaults, the CLI overrides and the
+prompt rows, so a value is checked the same way wherever it comes from.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields, replace
+from typing import Any
+
+# Seeds live in 0..2^31-1, masked the way sglang-omni masks them, so a seed
+# means the same thing in both tools.
+SEED_MASK = 0x7FFFFFFF
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    temperature: float = 1.0  # 0 means greedy (argmax)
+    top_k: int = 0  # 0 disables
+    top_p: float = 1.0  # 1 disables
+    repetition_penalty: float = 1.0  # 1 disables
+    suppress_tokens: tuple[int, ...] = ()
+    max_new_frames: int = 1024
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+    def with_overrides(self, **values: Any) -> "SamplingParams":
+        """Copy with the non-None values applied, each checked by ``check_field``."""
+        given = {k: check_field(k, v) for k, v in values.items() if v is not None}
+        return replace(self, **given)
+
+
+FIELD_NAMES = tuple(f.name for f in fields(SamplingParams))
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _is_number(v: Any) -> bool:
+    return (isinstance(v, (int, float))) and not isinstance(v, bool)
+
+
+def check_field(name: str, value: Any) -> Any:
+    """Validate one sampling field; returns the normalised value or raises ValueError."""
+    if name == "temperature":
+        if not _is_number(value) or value < 0 or value != value:
+            raise ValueError(f"must be a number >= 0 (0 means greedy), got {value!r}")
+        return float(value)
+    if name == "top_k":
+        if not _is_int(value) or value < 0:
+            raise ValueError(f"must be an integer >= 0 (0 disables), got {value!r}")
+        return value
+    if name == "top_p":
+        if not _is_number(value) or not (0.0 < value <= 1.0):
+            raise ValueError(f"must be a number in (0, 1], got {value!r}")
+        return float(value)
+    if name == "repetition_penalty":
+        if not _is_number(value) or not value > 0:
+            raise ValueError(f"must be a number > 0 (1 disables), got {value!r}")
+        return float(value)
+    if name == "suppress_tokens":
+        if not isinstance(value, (list, tuple)) or not all(_is_int(t) and t >= 0 for t in value):
+            raise ValueError(f"must be a list of token ids >= 0, got {value!r}")
+        return tuple(value)
+    if name == "max_new_frames":
+        if not _is_int(value) or value < 1:
+            raise ValueError(f"must be an integer >= 1, got {value!r}")
+        return value
+    raise ValueError(f"unknown sampling field {name!r}")
+
+
+def check_seed(value: Any) -> int:
+    """A seed is any integer; it is masked to 31 bits like sglang-omni's resolve_row_seed."""
+    if not _is_int(value):
+        raise ValueError(f"must be an integer, got {value!r}")
+    return value & SEED_MASK

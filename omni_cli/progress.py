@@ -1,0 +1,84 @@
+"""Progress display: a rich live panel on a terminal, plain lines otherwise.
+
+On a terminal (stderr is a TTY) it redraws requests done/total, frames/s,
+audio-seconds/s, elapsed and ETA. When stderr is not a terminal (pipelines,
+cluster logs) it prints one plain line at the start and one at the end, and
+nothing in between. --quiet prints nothing.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+
+from rich.console import Console
+from rich.live import Live
+from rich.table import Table
+
+
+class Progress:
+    def __init__(self, total: int, quiet: bool):
+        self.total = total
+        self.quiet = quiet
+        self.done = 0
+        self.failed = 0
+        self.frames = 0
+        self.audio_s = 0.0
+        self.start = time.perf_counter()
+        self._console = Console(stderr=True)
+        self._live: Live | None = None
+        self._last_draw = 0.0
+
+    def __enter__(self) -> "Progress":
+        self.start = time.perf_counter()
+        if self.quiet:
+            return self
+        if sys.stderr.isatty():
+            self._live = Live(self._render(), console=self._console, refresh_per_second=4, transient=False)
+            self._live.__enter__()
+        else:
+            print(f"omni: generating {self.total} rows", file=sys.stderr, flush=True)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self._live is not None:
+            self._live.update(self._render())
+            self._live.__exit__(*exc)
+        elif not self.quiet:
+            print(f"omni: {self.summary()}", file=sys.stderr, flush=True)
+
+    def step(self, frames: int) -> None:
+        self.frames += frames
+        self._maybe_draw()
+
+    def row_done(self, audio_s: float, ok: bool) -> None:
+        self.done += 1
+        self.failed += 0 if ok else 1
+        self.audio_s += audio_s
+        self._maybe_draw()
+
+    def _maybe_draw(self) -> None:
+        now = time.perf_counter()
+        if self._live is not None and now - self._last_draw > 0.25:
+            self._last_draw = now
+            self._live.update(self._render())
+
+    def rates(self) -> tuple[float, float, float]:
+        elapsed = max(time.perf_counter() - self.start, 1e-9)
+        return elapsed, self.frames / elapsed, self.audio_s / elapsed
+
+    def summary(self) -> str:
+        elapsed, fps, asps = self.rates()
+        return (f"{self.done}/{self.total} rows ({self.failed} failed) in {elapsed:.1f}s, "
+                f"{fps:.1f} frames/s, {asps:.2f} audio-s/s")
+
+    def _render(self) -> Table:
+        elapsed, fps, asps = self.rates()
+        eta = (elapsed / self.done * (self.total - self.done)) if self.done else float("nan")
+        t = Table.grid(padding=(0, 2))
+        t.add_row("requests", f"{self.done}/{self.total}" + (f" ({self.failed} failed)" if self.failed else ""))
+        t.add_row("frames/s", f"{fps:,.1f}")
+        t.add_row("audio-s/s", f"{asps:,.2f}")
+        t.add_row("elapsed", f"{elapsed:.1f}s")
+        t.add_row("ETA", "-" if eta != eta else f"{eta:.1f}s")
+        return t

@@ -1,0 +1,178 @@
+"""Reading prompt files: JSONL, CSV, plain text lines, or '-' for stdin.
+
+Every input row becomes a PromptRow, valid or not. A row that fails validation
+carries its error (naming the row and the field) and is written to the
+manifest as failed; the other rows still run.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import re
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from omni_cli.errors import OmniError, RowError
+from omni_cli.params import check_field, check_seed
+
+ROW_FIELDS = ("id", "text", "scene", "system", "seed", "temperature", "top_k", "top_p", "max_new_frames")
+SAMPLING_ROW_FIELDS = ("temperature", "top_k", "top_p", "max_new_frames")
+# ids become file names: keep them portable and unambiguous
+_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,199}$")
+
+
+@dataclass
+class PromptRow:
+    row: int  # 1-based position in the input (line number for JSONL / text)
+    id: str
+    text: str = ""
+    scene: str | None = None
+    system: str | None = None
+    seed: int | None = None
+    overrides: dict[str, Any] = field(default_factory=dict)  # per-row sampling values
+    error: str | None = None  # set when the row is invalid
+
+
+def _check_row(row: int, data: dict[str, Any]) -> PromptRow:
+    unknown = [k for k in data if k not in ROW_FIELDS]
+    if unknown:
+        raise RowError(row, unknown[0], f"unknown field (known: {', '.join(ROW_FIELDS)})")
+    rid = data.get("id", row)
+    if isinstance(rid, bool) or not isinstance(rid, (str, int)):
+        raise RowError(row, "id", f"must be a string or an integer, got {rid!r}")
+    rid = str(rid)
+    if not _ID_RE.match(rid):
+        raise RowError(row, "id", f"{rid!r} is not a usable file name (letters, digits, '.', '_', '-'; up to 200)")
+    out = PromptRow(row=row, id=rid)
+    text = data.get("text")
+    if not isinstance(text, str) or not text.strip():
+        raise RowError(row, "text", f"must be a non-empty string, got {text!r}")
+    out.text = text
+    for key in ("scene", "system"):
+        value = data.get(key)
+        if value is not None and not isinstance(value, str):
+            raise RowError(row, key, f"must be a string, got {value!r}")
+        setattr(out, key, value)
+    if data.get("seed") is not None:
+        try:
+            out.seed = check_seed(data["seed"])
+        except ValueError as e:
+            raise RowError(row, "seed", str(e)) from None
+    for key in SAMPLING_ROW_FIELDS:
+        if data.get(key) is not None:
+            try:
+                out.overrides[key] = check_field(key, data[key])
+            except ValueError as e:
+                raise RowError(row, key, str(e)) from None
+    return out
+
+
+def _parse(row: int, fallback_id: str, parse) -> PromptRow:
+    """Validate one row; an invalid row keeps its own id when that id is usable."""
+    data = None
+    try:
+        data = parse()
+        return _check_row(row, data)
+    except RowError as e:
+        rid = data.get("id") if isinstance(data, dict) else None
+        usable = isinstance(rid, (str, int)) and not isinstance(rid, bool) and _ID_RE.match(str(rid))
+        return PromptRow(row=row, id=str(rid) if usable else fallback_id, error=str(e))
+
+
+def _jsonl_rows(text: str) -> list[PromptRow]:
+    rows = []
+    for n, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+
+        def parse(line=line, n=n):
+            try:
+                data = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise RowError(n, None, f"not valid JSON: {e.msg} at column {e.colno}") from None
+            if not isinstance(data, dict):
+                raise RowError(n, None, "must be a JSON object")
+            return data
+
+        rows.append(_parse(n, f"row-{n}", parse))
+    return rows
+
+
+def _text_rows(text: str) -> list[PromptRow]:
+    # one prompt a line; the id is the line number
+    return [
+        _parse(n, str(n), lambda line=line, n=n: {"id": n, "text": line})
+        for n, line in enumerate(text.splitlines(), start=1)
+        if line.strip()
+    ]
+
+
+def _csv_rows(text: str) -> list[PromptRow]:
+    reader = csv.DictReader(io.StringIO(text))
+    if reader.fieldnames is None or "text" not in reader.fieldnames:
+        raise OmniError("CSV input needs a header row with at least a 'text' column")
+    rows = []
+    for n, rec in enumerate(reader, start=1):
+        def parse(rec=rec, n=n):
+            data: dict[str, Any] = {"id": n}
+            for key, value in rec.items():
+                if key is None:
+                    raise RowError(n, None, "has more cells than the header")
+                if value is None or value == "":
+                    continue
+                if key in ("seed", "top_k", "max_new_frames"):
+                    try:
+                        value = int(value)
+                    except ValueError:
+                        raise RowError(n, key, f"must be an integer, got {value!r}") from None
+                elif key in ("temperature", "top_p"):
+                    try:
+                        value = float(value)
+                    except ValueError:
+                        raise RowError(n, key, f"must be a number, got {value!r}") from None
+                data[key] = value
+            return data
+
+        rows.append(_parse(n, f"row-{n}", parse))
+    return rows
+
+
+def read_prompts(source: str) -> list[PromptRow]:
+    """Read a prompt file by extension (.jsonl/.ndjson, .csv, else text), or '-' for stdin.
+
+    stdin is JSONL when its first non-blank line starts with '{', else text lines.
+    Duplicate ids fail the later rows: two rows must never write one file.
+    """
+    if source == "-":
+        text = sys.stdin.read()
+        first = next((ln for ln in text.splitlines() if ln.strip()), "")
+        rows = _jsonl_rows(text) if first.lstrip().startswith("{") else _text_rows(text)
+    else:
+        path = Path(source)
+        if not path.is_file():
+            raise OmniError(f"prompt file {source} does not exist")
+        try:
+            text = path.read_text(encoding="utf-8")
+        except UnicodeDecodeError as e:
+            raise OmniError(f"prompt file {source} is not UTF-8 text: {e}") from None
+        suffix = path.suffix.lower()
+        if suffix in (".jsonl", ".ndjson"):
+            rows = _jsonl_rows(text)
+        elif suffix == ".csv":
+            rows = _csv_rows(text)
+        else:
+            rows = _text_rows(text)
+    seen: dict[str, int] = {}
+    for r in rows:
+        if r.error is None:
+            if r.id in seen:
+                r.error = str(RowError(r.row, "id", f"duplicate id {r.id!r} (first used by row {seen[r.id]})"))
+            else:
+                seen[r.id] = r.row
+    if not rows:
+        raise OmniError(f"no prompts in {source}")
+    return rows

@@ -1,0 +1,34 @@
+"""Higgs Audio v2: native model, runner hooks, codec decode and prompt building."""
+
+from __future__ import annotations
+
+import torch
+
+from omni_cli.config import ModelConfig
+from runners.attention import KVCache
+from runners.checkpoint import load_into, read_safetensors, resolve_folder
+from runners.engine import Engine
+from runners.higgs_audio_v2.codec import HiggsCodecDecoder
+from runners.higgs_audio_v2.config import HiggsConfig
+from runners.higgs_audio_v2.model import HiggsAudioV2LM
+from runners.higgs_audio_v2.prompt import PromptBuilder
+from runners.higgs_audio_v2.runner import HiggsRunner
+
+# present in released checkpoints, unused for generation (as in transformers,
+# which lists it in _keys_to_ignore_on_load_unexpected)
+IGNORED_KEYS = ("text_lm_head.weight",)
+
+
+def build(config: ModelConfig, dtype: torch.dtype, device: torch.device) -> tuple[HiggsRunner, PromptBuilder]:
+    lm_dir = resolve_folder(config.checkpoint, "checkpoint")
+    codec_dir = resolve_folder(config.codec, "codec")
+    cfg = HiggsConfig.from_file(lm_dir / "config.json")
+    model = HiggsAudioV2LM(cfg, config.max_seq_len)
+    load_into(model, read_safetensors(lm_dir), lm_dir, ignore=IGNORED_KEYS)
+    model = model.to_runtime(device, dtype)
+    kv = KVCache(cfg.num_hidden_layers, config.max_batch_size, cfg.num_key_value_heads, config.max_seq_len,
+                 cfg.head_dim, dtype, device)
+    engine = Engine(model, kv, device)
+    codec = HiggsCodecDecoder.load(codec_dir, dtype, device)
+    runner = HiggsRunner(engine, cfg, codec, config.max_batch_size, config.max_seq_len, device)
+    return runner, PromptBuilder(lm_dir, cfg.audio_bos_token_id)

@@ -1,0 +1,104 @@
+"""Codec decode for Higgs Audio v2 without torchaudio.
+
+transformers' HiggsAudioV2TokenizerModel imports torchaudio at module level
+(it only uses it to resample on the encode path), and PyPI's torchaudio does
+not load beside a CPU torch. Decoding needs none of that: it is
+  codes [B, 8, T] -> sum over quantizers of project_out(codebook[code])   (RVQ)
+                  -> fc2 (hidden -> acoustic hidden)
+                  -> the DAC acoustic decoder (hop 960: 24 kHz at 25 fps).
+So the decoder is composed here from transformers' own DAC decoder module
+(which imports no torchaudio) and loaded with exactly those keys of the
+checkpoint's safetensors. The encoder, HuBERT and semantic parts are not
+loaded; voice cloning will need them.
+
+As in the reference, the DAC decoder's transposed convolutions get
+output_padding = stride % 2 and the final tanh is dropped.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from transformers import DacConfig
+from transformers.models.dac.modeling_dac import DacDecoder
+
+from omni_cli.errors import ConfigError
+from runners.checkpoint import fold_weight_norm, load_into, read_safetensors
+
+
+class _Codebook(nn.Module):
+    def __init__(self, size: int, dim: int):
+        super().__init__()
+        self.register_buffer("embed", torch.zeros(size, dim))
+
+
+class _Quantizer(nn.Module):
+    def __init__(self, size: int, dim: int, hidden: int):
+        super().__init__()
+        self.codebook = _Codebook(size, dim)
+        self.project_out = nn.Linear(dim, hidden)
+
+
+class _RVQ(nn.Module):
+    def __init__(self, n: int, size: int, dim: int, hidden: int):
+        super().__init__()
+        self.quantizers = nn.ModuleList(_Quantizer(size, dim, hidden) for _ in range(n))
+
+
+class HiggsCodecDecoder(nn.Module):
+    def __init__(self, raw: dict, path: Path):
+        super().__init__()
+        try:
+            ac = dict(raw["acoustic_model_config"])
+            sem_hidden = raw["semantic_model_config"]["hidden_size"]
+            down = ac["downsampling_ratios"]
+        except (KeyError, TypeError) as e:
+            raise ConfigError(path, str(e), "missing from the codec config") from None
+        self.sample_rate = int(raw.get("sample_rate", 24000))
+        self.hop_length = int(np.prod(down))
+        frame_rate = math.ceil(self.sample_rate / self.hop_length)
+        size, dim = int(raw.get("codebook_size", 1024)), int(raw.get("codebook_dim", 64))
+        bandwidths = raw.get("target_bandwidths", [0.5, 1, 1.5, 2, 4])
+        # same rule as HiggsAudioV2TokenizerConfig.num_quantizers
+        self.num_quantizers = int(1000 * bandwidths[-1] // (frame_rate * math.ceil(math.log2(size))))
+        hidden = ac["hidden_size"] + sem_hidden
+        self.quantizer = _RVQ(self.num_quantizers, size, dim, hidden)
+        self.fc2 = nn.Linear(hidden, ac["hidden_size"])
+        ac.pop("model_type", None)
+        self.acoustic_decoder = DacDecoder(DacConfig(**ac))
+        for m in self.acoustic_decoder.modules():
+            if isinstance(m, nn.ConvTranspose1d):
+                m.output_padding = (m.stride[0] % 2,)
+        self.acoustic_decoder.tanh = nn.Identity()
+
+    @classmethod
+    def load(cls, folder: Path, dtype: torch.dtype, device: torch.device) -> "HiggsCodecDecoder":
+        cfg_path = folder / "config.json"
+        try:
+            raw = json.loads(cfg_path.read_text())
+        except (OSError, json.JSONDecodeError) as e:
+            raise ConfigError(cfg_path, None, f"cannot read codec config: {e}") from None
+        dec = cls(raw, cfg_path)
+        state = read_safetensors(folder, prefixes=("quantizer.", "fc2.", "acoustic_decoder."))
+        state = fold_weight_norm(state)
+        # encode-only (project_in) and training-only (codebook statistics) tensors
+        state = {k: v for k, v in state.items()
+                 if not k.endswith(("project_in.weight", "project_in.bias", "codebook.inited",
+                                    "codebook.cluster_size", "codebook.embed_avg"))}
+        load_into(dec, state, folder)
+        return dec.to(device=device, dtype=dtype).eval()
+
+    @torch.no_grad()
+    def decode(self, codes: torch.Tensor) -> torch.Tensor:
+        """codes [B, Q, T] int64 in [0, codebook) -> audio [B, T * hop_length] float32."""
+        quantized = 0
+        for q, quantizer in enumerate(self.quantizer.quantizers):
+            quantized = quantized + quantizer.project_out(F.embedding(codes[:, q], quantizer.codebook.embed))
+        latent = self.fc2(quantized).transpose(1, 2)  # [B, acoustic hidden, T]
+        return self.acoustic_decoder(latent)[:, 0].float()

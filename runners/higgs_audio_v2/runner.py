@@ -1,0 +1,147 @@
+"""Higgs Audio v2 runner: the delay pattern, the stop rule and the codec.
+
+Delay pattern (as transformers' HiggsAudioV2DelayPatternLogitsProcessor and
+``_sample``): codebook k lags k frames.
+- Start ramp: per slot a counter ``bos_delay`` [C] starts at
+  delay - (distance of the prompt's <|audio_out_bos|> from its end), i.e.
+  [0, 1, ..., 7] for a prompt that ends in it. While a codebook's counter is
+  >= 0 it is forced to stream-BOS, then the counter drops by one.
+- EOS staircase: ``eos_delay`` [C] starts at [1, ..., 8] (less, if the prompt
+  ends in delay tokens). Once any codebook of a row has emitted stream-EOS
+  (the reference then feeds the text token ``audio_delay_token_id``), every
+  later step lowers the counters by one, and codebooks whose counter is <= 0
+  are forced to stream-EOS: codebook 0 first, then 1, ... a staircase.
+- Stop: a row ends when all codebooks emit stream-EOS in one frame.
+Each step feeds back the previous frame's codes (8 embeddings summed).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from runners.base import BatchResult, ModelRunner
+from runners.engine import Engine, ForwardBatch
+from runners.higgs_audio_v2.codec import HiggsCodecDecoder
+from runners.higgs_audio_v2.config import HiggsConfig
+
+
+class HiggsRunner(ModelRunner):
+    sample_rate: int
+
+    def __init__(self, engine: Engine, cfg: HiggsConfig, codec: HiggsCodecDecoder, num_slots: int,
+                 max_seq_len: int, device: torch.device):
+        self.cfg = cfg
+        self.num_streams = cfg.num_codebooks
+        self.vocab_size = cfg.codebook_size
+        super().__init__(engine, num_slots, max_seq_len, device)
+        if codec.num_quantizers != cfg.num_codebooks:
+            raise ValueError(f"codec has {codec.num_quantizers} quantizers, the model {cfg.num_codebooks} codebooks")
+        self.codec = codec
+        self.sample_rate = codec.sample_rate
+        self.hop_length = codec.hop_length
+        c = cfg.num_codebooks
+        self.last_codes_gpu = torch.zeros(num_slots, c, dtype=torch.int64, device=device)
+        self.bos_delay_gpu = torch.zeros(num_slots, c, dtype=torch.int64, device=device)
+        self.eos_delay_gpu = torch.zeros(num_slots, c, dtype=torch.int64, device=device)
+        self.delay_started_gpu = torch.zeros(num_slots, dtype=torch.bool, device=device)
+        cols = torch.arange(cfg.codebook_size, device=device)
+        self._not_bos_gpu = cols != cfg.audio_stream_bos_id  # [V]
+        self._not_eos_gpu = cols != cfg.audio_stream_eos_id
+
+    def _initial_delays(self, prompt_ids: list[int]) -> tuple[list[int], list[int], bool]:
+        """bos_delay, eos_delay and delay_started for a prompt, from its last C tokens."""
+        c = self.cfg.num_codebooks
+        tail = prompt_ids[-c:]
+        delay = list(range(1, c + 1))
+
+        def shifted(token_id: int, absent: list[int]) -> list[int]:
+            if token_id not in tail:
+                return absent
+            after = c - tail.index(token_id)  # reference: delay_pattern_size - first index in the tail
+            return [d - after for d in delay]
+
+        bos = shifted(self.cfg.audio_bos_token_id, [0] * c)
+        eos = shifted(self.cfg.audio_delay_token_id, delay)
+        return bos, eos, prompt_ids[-1] == self.cfg.audio_delay_token_id
+
+    # ---- hooks -----------------------------------------------------------
+    def before_prefill(self, fb: ForwardBatch, requests) -> None:
+        init = [self._initial_delays(r.prompt_ids) for r in requests]
+        s = fb.slots_gpu
+        self.bos_delay_gpu[s] = torch.tensor([i[0] for i in init]).to(self.device)
+        self.eos_delay_gpu[s] = torch.tensor([i[1] for i in init]).to(self.device)
+        self.delay_started_gpu[s] = torch.tensor([i[2] for i in init]).to(self.device)
+
+    def before_decode(self, fb: ForwardBatch, requests) -> None:
+        fb.model_inputs["audio_codes"] = self.last_codes_gpu[fb.slots_gpu][:, None, :]  # [B, 1, C]
+
+    def sample_before_post(self, is_prefill: bool) -> bool:
+        return True  # the collect below needs this step's codes
+
+    def process_logits(self, logits_gpu: torch.Tensor, fb: ForwardBatch, requests) -> torch.Tensor:
+        s = fb.slots_gpu
+        scores = logits_gpu.view(fb.batch_size, self.num_streams, self.vocab_size)
+        bos = self.bos_delay_gpu[s]
+        force_bos = bos >= 0  # [B, C]
+        scores = scores.masked_fill(force_bos[..., None] & self._not_bos_gpu, float("-inf"))
+        self.bos_delay_gpu[s] = torch.where(force_bos, bos - 1, bos)
+        eos = self.eos_delay_gpu[s] - self.delay_started_gpu[s][:, None].to(torch.int64)
+        self.eos_delay_gpu[s] = eos
+        return scores.masked_fill((eos <= 0)[..., None] & self._not_eos_gpu, float("-inf"))
+
+    def _collect(self, result: BatchResult, fb: ForwardBatch, requests) -> None:
+        tokens = result.next_token_ids_gpu  # [B, C]
+        s = fb.slots_gpu
+        self.last_codes_gpu[s] = tokens
+        is_eos = tokens == self.cfg.audio_stream_eos_id
+        self.delay_started_gpu[s] = self.delay_started_gpu[s] | is_eos.any(dim=-1)
+        stop = is_eos.all(dim=-1)
+        # one packed device->host copy per step: codes (exact in float32, < 2^24),
+        # logprobs, stop flag -> [B, 2C + 1]
+        payload = torch.cat([tokens.float(), result.logprobs_gpu, stop.float()[:, None]], dim=1)
+        result.host = payload.cpu().numpy()
+
+    post_prefill = _collect
+    post_decode = _collect
+
+    def collect_outputs(self, result: BatchResult, fb: ForwardBatch, requests):
+        c = self.num_streams
+        host = result.host
+        return [(host[i, :c].astype(np.int64), host[i, c: 2 * c].astype(np.float32), bool(host[i, 2 * c]))
+                for i in range(len(requests))]
+
+    # ---- audio -----------------------------------------------------------
+    def real_code_mask(self, tokens: np.ndarray) -> np.ndarray:
+        """True where a sampled entry is an audio code, not stream BOS/EOS."""
+        return (tokens != self.cfg.audio_stream_bos_id) & (tokens != self.cfg.audio_stream_eos_id)
+
+    def codes_for_codec(self, tokens: np.ndarray) -> np.ndarray:
+        """Generated frames [T, C] -> codec codes [T', C], as HiggsAudioV2Processor.batch_decode.
+
+        Drop everything up to the last all-BOS frame and from the first all-EOS
+        frame on, revert the delay pattern (codebook k read k frames later), and
+        clip stream tokens into the code range. T' = T_inner - C + 1, or 0.
+        """
+        bos, eos = self.cfg.audio_stream_bos_id, self.cfg.audio_stream_eos_id
+        c = self.num_streams
+        all_bos = np.flatnonzero((tokens == bos).all(axis=1))
+        start = int(all_bos[-1]) if all_bos.size else 0
+        body = tokens[start:]
+        all_eos = np.flatnonzero((body == eos).all(axis=1))
+        end = int(all_eos[0]) if all_eos.size else len(body)
+        inner = body[1:end]
+        n = len(inner) - c + 1
+        if n <= 0:
+            return np.zeros((0, c), dtype=np.int64)
+        reverted = np.stack([inner[k: k + n, k] for k in range(c)], axis=1)
+        return np.clip(reverted, 0, bos - 1)
+
+    @torch.inference_mode()
+    def decode_audio(self, tokens: np.ndarray) -> np.ndarray:
+        """Generated frames [T, C] -> waveform float32 [samples] at ``sample_rate``."""
+        codes = self.codes_for_codec(tokens)
+        if len(codes) == 0:
+            return np.zeros(0, dtype=np.float32)
+        codes_gpu = torch.from_numpy(codes.T.copy())[None].to(self.device)  # [1, C, T']
+        return self.codec.decode(codes_gpu)[0].cpu().numpy()

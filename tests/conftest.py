@@ -1,0 +1,71 @@
+from __future__ import annotations
+
+import os
+
+from tests import torchaudio_standin
+
+# before anything imports transformers: its torchaudio check is cached
+torchaudio_standin.install()
+from pathlib import Path
+
+import pytest
+import torch
+
+REPO = Path(__file__).resolve().parent.parent
+TINY = REPO / "configs" / "tiny-higgs-audio-v2"
+
+
+def pytest_collection_modifyitems(config, items):
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA device (CI has none; run on the device)")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
+def write_config(path: Path, ckpt: Path, **extra) -> Path:
+    """A model YAML pointing at a tiny checkpoint folder."""
+    lines = [
+        "family: higgs_audio_v2",
+        f"checkpoint: {ckpt / 'model'}",
+        f"codec: {ckpt / 'codec'}",
+        "dtype: float32",
+        "device: cpu",
+    ]
+    lines += [f"{k}: {v}" for k, v in extra.items()]
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+@pytest.fixture(scope="session")
+def eos_ckpt(tmp_path_factory) -> Path:
+    """A tiny checkpoint whose codebook-6 stream-EOS logit is pushed up: greedy rows stop early."""
+    from tests.tiny_checkpoint import build
+
+    return build(tmp_path_factory.mktemp("eos-ckpt"), seed=0, eos_boost=(6, 0.6))
+
+
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+def run_cli(*args: str, stdin: str | None = None):
+    """Run `omni ...` in-process; returns the click Result (exit_code, output)."""
+    from typer.testing import CliRunner
+
+    from omni_cli.cli import app
+
+    return CliRunner().invoke(app, [str(a) for a in args], input=stdin, catch_exceptions=False)
+
+
+def write_jsonl(path: Path, rows: list[dict]) -> Path:
+    import json
+
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def read_manifest(out: Path) -> list[dict]:
+    import json
+
+    return [json.loads(line) for line in (out / "metadata.jsonl").read_text().splitlines()]

@@ -1,0 +1,83 @@
+"""Checkpoints saved by transformers load in our engine with no missing or unexpected keys."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from omni_cli.errors import OmniError
+from runners.attention import AttentionContext, KVCache
+from runners.checkpoint import load_into, read_safetensors
+from runners.higgs_audio_v2 import IGNORED_KEYS
+from runners.higgs_audio_v2.codec import HiggsCodecDecoder
+from runners.higgs_audio_v2.config import HiggsConfig
+from runners.higgs_audio_v2.model import HiggsAudioV2LM
+from tests.reference import HiggsAudioV2ForConditionalGeneration, HiggsAudioV2TokenizerModel
+from tests.tiny_checkpoint import build_tokenizer, tiny_codec_config, tiny_lm_config
+
+
+def _prefill_logits(model: HiggsAudioV2LM, ids: torch.Tensor) -> torch.Tensor:
+    cfg = model.cfg
+    t = ids.shape[1]
+    kv = KVCache(cfg.num_hidden_layers, 1, cfg.num_key_value_heads, 64, cfg.head_dim, torch.float32, torch.device("cpu"))
+    ar = torch.arange(t)
+    ctx = AttentionContext(kv=kv, is_prefill=True, slots_gpu=torch.tensor([0]), positions_gpu=ar[None],
+                           mask_gpu=(ar[:, None] >= ar[None, :])[None, None], kv_len=t)
+    with torch.no_grad():
+        return model.compute_logits(model(ctx, input_ids=ids)[0])
+
+
+def test_lm_roundtrip_keys_and_logits(tmp_path):
+    # a shape unlike the shipped one (3 layers, MHA, no GQA), saved with the
+    # optional text head that released checkpoints carry
+    torch.manual_seed(3)
+    tok = build_tokenizer()
+    cfg = tiny_lm_config(tok, num_hidden_layers=3, num_key_value_heads=4, hidden_size=48, head_dim=12)
+    ref = HiggsAudioV2ForConditionalGeneration(cfg, use_text_head=True).eval()
+    ref.save_pretrained(tmp_path)
+    state = read_safetensors(tmp_path)
+    assert "text_lm_head.weight" in state
+    ours = HiggsAudioV2LM(HiggsConfig.from_file(tmp_path / "config.json"), max_seq_len=64)
+    load_into(ours, state, tmp_path, ignore=IGNORED_KEYS)  # raises on any missing/unexpected key
+    ids = torch.randint(0, 200, (1, 17))
+    with torch.no_grad():
+        want = ref(input_ids=ids).logits[0].float()
+    torch.testing.assert_close(_prefill_logits(ours, ids), want, atol=1e-5, rtol=1e-5)
+
+
+def test_lm_load_names_missing_and_unexpected(tmp_path):
+    torch.manual_seed(0)
+    cfg = tiny_lm_config(build_tokenizer())
+    HiggsAudioV2ForConditionalGeneration(cfg).save_pretrained(tmp_path)
+    state = read_safetensors(tmp_path)
+    state.pop("audio_lm_head.weight")
+    state["model.extra.weight"] = torch.zeros(1)
+    ours = HiggsAudioV2LM(HiggsConfig.from_file(tmp_path / "config.json"), max_seq_len=16)
+    with pytest.raises(OmniError, match=r"missing \['audio_lm_head.weight'\].*unexpected \['model.extra.weight'\]"):
+        load_into(ours, state, tmp_path)
+
+
+@pytest.mark.parametrize("weight_norm", [False, True])
+def test_codec_roundtrip(tmp_path, weight_norm):
+    """Our decoder, built from the codec checkpoint, decodes like HiggsAudioV2TokenizerModel.decode.
+
+    With weight_norm the checkpoint stores DAC's weight-norm parametrization
+    (as converted DAC checkpoints may); the loader folds it into plain weights.
+    """
+    torch.manual_seed(5)
+    ref = HiggsAudioV2TokenizerModel(tiny_codec_config()).eval()
+    with torch.no_grad():
+        for q in ref.quantizer.quantizers:
+            q.codebook.embed.normal_()
+    if weight_norm:
+        ref.apply_weight_norm()
+    ref.save_pretrained(tmp_path)
+    if weight_norm:
+        assert any("parametrizations" in k or k.endswith("weight_g") for k in read_safetensors(tmp_path))
+    ours = HiggsCodecDecoder.load(tmp_path, torch.float32, torch.device("cpu"))
+    codes = torch.randint(0, 1024, (2, 8, 13))
+    with torch.no_grad():
+        want = ref.decode(codes).audio_values[:, 0]
+    got = ours.decode(codes)
+    assert got.shape == (2, 13 * 960)
+    torch.testing.assert_close(got, want, atol=1e-6, rtol=1e-5)

@@ -1,0 +1,95 @@
+"""The offline scheduler: continuous batching within max_batch_size and the KV slots."""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import pytest
+
+from omni_cli.params import SamplingParams
+from omni_cli.scheduler import Request, Scheduler, SlotPool, Status
+
+
+def _req(i: int, prompt_len: int, frames: int) -> Request:
+    return Request(rid=f"r{i}", prompt_ids=[1] * prompt_len, params=SamplingParams(max_new_frames=frames), seed=0)
+
+
+def _simulate(sched: Scheduler, lengths: dict[str, int]) -> list[tuple[bool, list[str]]]:
+    """Drive the scheduler as the runner would; a request finishes after lengths[rid] frames."""
+    trace = []
+    while sched.has_work():
+        so = sched.schedule()
+        trace.append((so.is_prefill, [r.rid for r in so.requests]))
+        assert len(sched.running) <= sched.max_batch_size
+        assert len({r.slot for r in sched.running}) == len(sched.running)  # no slot shared
+        for r in so.requests:
+            r.frames.append(np.zeros(8, dtype=np.int64))
+            if r.generation_steps >= lengths[r.rid]:
+                sched.finish(r, "stop")
+    return trace
+
+
+def test_continuous_batching_admits_into_freed_slots():
+    sched = Scheduler(max_batch_size=2, max_seq_len=100)
+    lengths = {"r0": 3, "r1": 10, "r2": 4, "r3": 2}
+    for i in range(4):
+        sched.add(_req(i, 5 + i, 20))
+    trace = _simulate(sched, lengths)
+    assert trace[0] == (True, ["r0", "r1"])
+    # r0 finishes after its 3rd frame; r2 is prefilled while r1 keeps decoding
+    assert trace[1:3] == [(False, ["r0", "r1"]), (False, ["r0", "r1"])]
+    assert trace[3] == (True, ["r2"])
+    assert (False, ["r1", "r2"]) in trace
+    assert trace[-1] == (False, ["r1"])
+    assert sched.slots.num_free == 2
+
+
+def test_random_requests_never_exceed_limits_and_free_every_slot():
+    rng = random.Random(0)
+    sched = Scheduler(max_batch_size=5, max_seq_len=64, max_prefill_tokens=40)
+    lengths = {}
+    for i in range(300):
+        req = _req(i, rng.randint(1, 30), rng.randint(1, 30))
+        lengths[req.rid] = rng.randint(1, req.params.max_new_frames)
+        sched.add(req)
+    trace = _simulate(sched, lengths)
+    done = [r for _, rids in trace for r in rids]
+    assert set(done) == set(lengths)
+    assert sched.slots.num_free == 5 and not sched.running and not sched.waiting
+
+
+def test_prefill_token_budget():
+    sched = Scheduler(max_batch_size=4, max_seq_len=100, max_prefill_tokens=10)
+    for i in range(3):
+        sched.add(_req(i, 6, 5))
+    assert [r.rid for r in sched.schedule().requests] == ["r0"]  # 6 + 6 > 10
+    assert [r.rid for r in sched.schedule().requests] == ["r1"]
+
+
+def test_request_that_cannot_fit_is_rejected():
+    sched = Scheduler(max_batch_size=1, max_seq_len=20)
+    with pytest.raises(ValueError, match="over max_seq_len 20"):
+        sched.add(_req(0, 10, 12))  # 10 + 12 - 1 = 21 positions
+    sched.add(_req(1, 10, 11))  # exactly 20
+
+
+def test_slot_pool_frees_once():
+    pool = SlotPool(2)
+    a = pool.allocate()
+    pool.free(a)
+    with pytest.raises(RuntimeError, match="freed twice"):
+        pool.free(a)
+    with pytest.raises(RuntimeError):
+        pool.free(7)
+
+
+def test_finish_requires_running():
+    sched = Scheduler(max_batch_size=1, max_seq_len=20)
+    r = _req(0, 3, 3)
+    sched.add(r)
+    with pytest.raises(RuntimeError, match="waiting"):
+        sched.finish(r, "stop")
+    sched.schedule()
+    sched.finish(r, "stop")
+    assert r.status is Status.FINISHED and r.slot is None

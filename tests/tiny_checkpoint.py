@@ -1,0 +1,203 @@
+"""Build tiny random Higgs Audio v2 checkpoints in the real transformers format.
+
+A checkpoint is two folders, exactly as the released ones are laid out:
+  model/  config.json, generation_config.json, model.safetensors, tokenizer.json,
+          tokenizer_config.json, chat_template.jinja   (HiggsAudioV2ForConditionalGeneration)
+  codec/  config.json, model.safetensors                (HiggsAudioV2TokenizerModel)
+
+The weights are random (fixed seed) and the tokenizer is a byte-level BPE with
+no merges plus the Llama-3 / Higgs special tokens, so the audio is noise but
+every code path of the real model runs. The shipped embedded default
+(configs/tiny-higgs-audio-v2/) was written by ``python -m tests.tiny_checkpoint``.
+
+Building needs transformers' reference classes, hence the torchaudio stand-in:
+this module is test/dev tooling and is never imported by the runtime.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import torch
+
+from tests import torchaudio_standin
+
+torchaudio_standin.install()
+
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers  # noqa: E402
+from transformers import (  # noqa: E402
+    HiggsAudioV2Config,
+    HiggsAudioV2ForConditionalGeneration,
+    HiggsAudioV2TokenizerConfig,
+    HiggsAudioV2TokenizerModel,
+    PreTrainedTokenizerFast,
+)
+
+SPECIAL_TOKENS = [
+    "<|begin_of_text|>",
+    "<|end_of_text|>",
+    "<|start_header_id|>",
+    "<|end_header_id|>",
+    "<|eot_id|>",
+    "<|audio_bos|>",
+    "<|audio_eos|>",
+    "<|audio_out_bos|>",
+    "<|AUDIO|>",
+    "<|AUDIO_OUT|>",
+    "<|reserved_special_token_6|>",  # the audio delay token
+    "<|scene_desc_start|>",
+    "<|scene_desc_end|>",
+]
+
+# Our own rendering of the Higgs prompt layout (system, optional scene folded
+# into the system turn, then user/assistant turns; the generation prompt opens
+# the assistant turn with <|audio_out_bos|>). The released checkpoint ships
+# its own template; the runtime always uses whatever the checkpoint carries.
+CHAT_TEMPLATE = (
+    "{%- macro text_of(m) -%}"
+    "{%- if m['content'] is string -%}{{ m['content'] | trim }}"
+    "{%- else -%}{%- for c in m['content'] if c['type'] == 'text' -%}{{ c['text'] | trim }}{%- endfor -%}"
+    "{%- endif -%}"
+    "{%- endmacro -%}"
+    "{{- bos_token -}}"
+    "{%- if messages[0]['role'] != 'system' -%}{{ raise_exception('the first message must be the system message') }}{%- endif -%}"
+    "{{- '<|start_header_id|>system<|end_header_id|>\\n\\n' + text_of(messages[0]) -}}"
+    "{%- set rest = messages[1:] -%}"
+    "{%- if rest and rest[0]['role'] == 'scene' -%}"
+    "{{- '\\n\\n<|scene_desc_start|>\\n' + text_of(rest[0]) + '\\n<|scene_desc_end|>' -}}"
+    "{%- set rest = rest[1:] -%}"
+    "{%- endif -%}"
+    "{{- '<|eot_id|>' -}}"
+    "{%- for m in rest -%}"
+    "{{- '<|start_header_id|>' + m['role'] + '<|end_header_id|>\\n\\n' -}}"
+    "{%- if m['role'] == 'assistant' -%}{{- '<|audio_out_bos|><|AUDIO_OUT|><|audio_eos|>' -}}"
+    "{%- else -%}{{- text_of(m) -}}{%- endif -%}"
+    "{{- '<|eot_id|>' -}}"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt -%}"
+    "{{- '<|start_header_id|>assistant<|end_header_id|>\\n\\n<|audio_out_bos|>' -}}"
+    "{%- endif -%}"
+)
+
+
+def build_tokenizer() -> PreTrainedTokenizerFast:
+    """Byte-level BPE over the 256 byte symbols (no merges) plus special tokens."""
+    alphabet = pre_tokenizers.ByteLevel.alphabet()
+    vocab = {ch: i for i, ch in enumerate(sorted(alphabet))}
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        bos_token="<|begin_of_text|>",
+        eos_token="<|eot_id|>",
+        pad_token="<|end_of_text|>",
+        additional_special_tokens=SPECIAL_TOKENS[1:],
+    )
+    fast.chat_template = CHAT_TEMPLATE
+    return fast
+
+
+def tiny_lm_config(tokenizer: PreTrainedTokenizerFast, **overrides) -> HiggsAudioV2Config:
+    ids = tokenizer.convert_tokens_to_ids
+    kwargs = dict(
+        vocab_size=len(tokenizer),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=8,
+        max_position_embeddings=2048,
+        num_codebooks=8,
+        codebook_size=1026,  # as the released config.json: 1024 codes + stream BOS/EOS
+        bos_token_id=ids("<|begin_of_text|>"),
+        eos_token_id=ids("<|eot_id|>"),
+        pad_token_id=ids("<|end_of_text|>"),
+        audio_token_id=ids("<|AUDIO_OUT|>"),
+        audio_bos_token_id=ids("<|audio_out_bos|>"),
+        audio_delay_token_id=ids("<|reserved_special_token_6|>"),
+    )
+    kwargs.update(overrides)
+    return HiggsAudioV2Config(**kwargs)
+
+
+def tiny_codec_config() -> HiggsAudioV2TokenizerConfig:
+    return HiggsAudioV2TokenizerConfig(
+        # hop 960 -> 25 fps at 24 kHz; bandwidth 2 kbps -> 8 quantizers, as released
+        target_bandwidths=[0.5, 1, 1.5, 2],
+        codebook_size=1024,
+        codebook_dim=8,
+        acoustic_model_config=dict(
+            encoder_hidden_size=2,
+            downsampling_ratios=[8, 5, 4, 2, 3],
+            upsampling_ratios=[8, 5, 4, 2, 3],
+            decoder_hidden_size=64,
+            hidden_size=16,
+        ),
+        semantic_model_config=dict(
+            model_type="hubert",
+            hidden_size=16,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            intermediate_size=32,
+            conv_dim=[8, 8, 8, 8, 8, 8, 8],
+            num_conv_pos_embeddings=16,
+            num_conv_pos_embedding_groups=2,
+        ),
+    )
+
+
+def build(out: Path, seed: int = 0, eos_boost: tuple[int, float] | None = None) -> Path:
+    """Write model/ and codec/ under ``out``; returns ``out``.
+
+    ``eos_boost=(codebook, scale)`` adds ``scale`` times a fixed random direction
+    to that codebook's stream-EOS row of ``audio_lm_head``, so greedy decoding
+    hits stream-EOS early and the delay-pattern staircase and stop are exercised.
+    """
+    out = Path(out)
+    torch.manual_seed(seed)
+    tokenizer = build_tokenizer()
+    model = HiggsAudioV2ForConditionalGeneration(tiny_lm_config(tokenizer)).eval()
+    # transformers initialises with std 0.02. Widen the head so greedy codes
+    # vary from frame to frame, and the layers so attention to the prompt
+    # matters: then different prompts give different codes, and a runner that
+    # mixed up rows or positions could not pass the parity tests.
+    with torch.no_grad():
+        model.audio_lm_head.weight.mul_(25.0)
+        model.model.embed_audio_tokens.embed_audio_tokens.weight.mul_(25.0)
+        model.model.embed_tokens.weight.mul_(25.0)
+        for name, p in model.model.layers.named_parameters():
+            if name.endswith("proj.weight"):
+                p.mul_(4.0)
+        if eos_boost is not None:
+            cb, scale = eos_boost
+            cfg = model.config
+            row = cb * cfg.codebook_size + cfg.audio_stream_eos_id
+            g = torch.Generator().manual_seed(seed + 1)
+            model.audio_lm_head.weight[row] += scale * torch.randn(cfg.hidden_size, generator=g)
+    model.generation_config.do_sample = False
+    model.save_pretrained(out / "model")
+    tokenizer.save_pretrained(out / "model")
+
+    torch.manual_seed(seed + 2)
+    codec = HiggsAudioV2TokenizerModel(tiny_codec_config()).eval()
+    with torch.no_grad():
+        for q in codec.quantizer.quantizers:
+            q.codebook.embed.normal_()  # released codebooks are trained, never zero
+    codec.save_pretrained(out / "codec")
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("out", type=Path)
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args()
+    build(args.out, seed=args.seed)
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -32,7 +32,16 @@ def generate(
     temperature: Optional[float] = typer.Option(None, "--temperature", help="0 means greedy."),
     top_k: Optional[int] = typer.Option(None, "--top-k", help="0 disables."),
     top_p: Optional[float] = typer.Option(None, "--top-p", help="1 disables."),
+    min_p: Optional[float] = typer.Option(None, "--min-p", help="0 disables."),
+    repetition_penalty: Optional[float] = typer.Option(None, "--repetition-penalty", help="1 disables."),
+    ras_win_len: Optional[int] = typer.Option(None, "--ras-win-len", help="Repetition-aware sampling window (frames); 0 disables."),
+    ras_win_max_num_repeat: Optional[int] = typer.Option(None, "--ras-win-max-num-repeat", help="Redraw a code seen this often in the window."),
+    suppress_tokens: Optional[str] = typer.Option(None, "--suppress-tokens", help="Comma-separated token ids never to sample."),
     max_new_frames: Optional[int] = typer.Option(None, "--max-new-frames", help="Frames per row at most (25 per second)."),
+    min_new_frames: Optional[int] = typer.Option(None, "--min-new-frames", help="No end of speech before this many frames."),
+    deterministic: Optional[bool] = typer.Option(None, "--deterministic/--no-deterministic", help="Byte-identical rows "
+                                                 "whatever the batching (fixed shapes; slower). Default from the config."),
+    raw_logprobs: bool = typer.Option(False, "--raw-logprobs", help="Also store the unprocessed model logprobs."),
     fmt: str = typer.Option("wav", "--format", help="Audio format: wav or flac."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="Print nothing but errors."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace results already in the output folder."),
@@ -40,9 +49,17 @@ def generate(
     """Generate speech for every prompt row."""
     from omni_cli.generate import GenerateOptions, run_generate
 
+    try:
+        suppress = None if suppress_tokens is None else tuple(int(t) for t in suppress_tokens.split(",") if t.strip())
+    except ValueError:
+        typer.echo(f"omni: error: --suppress-tokens: expected comma-separated token ids, got {suppress_tokens!r}", err=True)
+        raise typer.Exit(2) from None
     opts = GenerateOptions(prompts=prompts, out=out, model=model, seed=seed, max_batch_size=max_batch_size,
-                           temperature=temperature, top_k=top_k, top_p=top_p, max_new_frames=max_new_frames,
-                           fmt=fmt, quiet=quiet, overwrite=overwrite)
+                           temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
+                           repetition_penalty=repetition_penalty, ras_win_len=ras_win_len,
+                           ras_win_max_num_repeat=ras_win_max_num_repeat, suppress_tokens=suppress,
+                           max_new_frames=max_new_frames, min_new_frames=min_new_frames, deterministic=deterministic,
+                           raw_logprobs=raw_logprobs, fmt=fmt, quiet=quiet, overwrite=overwrite)
     summary = _run(lambda: run_generate(opts))
     if summary.interrupted:
         raise typer.Exit(130)

@@ -34,14 +34,14 @@ class ModelConfig:
     max_batch_size: int = 8  # decode rows, and KV slots
     max_seq_len: int = 2048  # tokens per KV slot: prompt + generated frames
     async_decode: bool = False
+    deterministic: bool = False  # batch-shape-invariant arithmetic (see runners/engine.py)
     system_prompt: str = "Generate audio following instruction."
     sampling: SamplingParams = field(default_factory=SamplingParams)
 
     def as_dict(self) -> dict[str, Any]:
         d = {k: getattr(self, k) for k in self.__dataclass_fields__ if k not in ("path", "sampling")}
         d["path"] = str(self.path)
-        d["sampling"] = {k: getattr(self.sampling, k) for k in FIELD_NAMES}
-        d["sampling"]["suppress_tokens"] = list(self.sampling.suppress_tokens)
+        d["sampling"] = self.sampling.as_record()
         return d
 
 
@@ -54,6 +54,7 @@ _TOP_KEYS = {
     "max_batch_size": int,
     "max_seq_len": int,
     "async_decode": bool,
+    "deterministic": bool,
     "system_prompt": str,
     "sampling": dict,
 }
@@ -132,6 +133,10 @@ def load_config(spec: str | Path | None) -> ModelConfig:
             sampling = sampling.with_overrides(**{key: value})
         except ValueError as e:
             raise ConfigError(path, f"sampling.{key}", str(e)) from None
+    try:
+        sampling.check_consistent()
+    except ValueError as e:
+        raise ConfigError(path, "sampling.min_new_frames", str(e)) from None
 
     values = {k: v for k, v in raw.items() if k != "sampling"}
     values["checkpoint"] = _resolve_location(path, "checkpoint", raw["checkpoint"])

@@ -20,6 +20,7 @@ import torch
 from omni_cli import __version__
 from omni_cli.config import load_config
 from omni_cli.errors import OmniError, RowError
+from omni_cli.params import FIELD_NAMES
 from omni_cli.output import OutputWriter, check_out_dir, write_run_json
 from omni_cli.progress import Progress
 from omni_cli.prompts import read_prompts
@@ -40,7 +41,15 @@ class GenerateOptions:
     temperature: float | None = None
     top_k: int | None = None
     top_p: float | None = None
+    min_p: float | None = None
+    repetition_penalty: float | None = None
+    ras_win_len: int | None = None
+    ras_win_max_num_repeat: int | None = None
+    suppress_tokens: tuple[int, ...] | None = None
     max_new_frames: int | None = None
+    min_new_frames: int | None = None
+    deterministic: bool | None = None
+    raw_logprobs: bool = False
     fmt: str = "wav"
     quiet: bool = False
     overwrite: bool = False
@@ -76,10 +85,11 @@ def run_generate(opts: GenerateOptions) -> RunSummary:
         if opts.max_batch_size < 1:
             raise OmniError(f"--max-batch-size must be >= 1, got {opts.max_batch_size}")
         config = replace(config, max_batch_size=opts.max_batch_size)
+    if opts.deterministic is not None:
+        config = replace(config, deterministic=opts.deterministic)
     base_params = config.sampling
-    flags = {"temperature": opts.temperature, "top_k": opts.top_k, "top_p": opts.top_p,
-             "max_new_frames": opts.max_new_frames}
-    for name, value in flags.items():
+    for name in FIELD_NAMES:
+        value = getattr(opts, name)
         try:
             base_params = base_params.with_overrides(**{name: value})
         except ValueError as e:
@@ -92,12 +102,13 @@ def run_generate(opts: GenerateOptions) -> RunSummary:
     family = importlib.import_module(FAMILIES[config.family]) if config.family in FAMILIES else None
     if family is None:
         raise OmniError(f"{config.path}: key 'family': unknown family {config.family!r} (known: {', '.join(FAMILIES)})")
-    runner, prompt_builder = family.build(config, dtype, device)
+    runner, prompt_builder = family.build(config, dtype, device, raw_logprobs=opts.raw_logprobs)
     t_loaded = time.perf_counter()
 
     writer = OutputWriter(opts.out, opts.fmt, runner.sample_rate)
     scheduler = Scheduler(config.max_batch_size, config.max_seq_len)
     by_rid: dict[str, tuple] = {}
+    by_system: dict[str, str] = {}
     ok = failed = 0
     interrupted = False
     progress = Progress(len(rows), opts.quiet)
@@ -117,6 +128,10 @@ def run_generate(opts: GenerateOptions) -> RunSummary:
                 continue
             try:
                 params = base_params.with_overrides(**r.overrides)
+                try:
+                    params.check_consistent()
+                except ValueError as e:
+                    raise RowError(r.row, "min_new_frames", str(e)) from None
                 system = r.system if r.system is not None else config.system_prompt
                 try:
                     prompt_ids = prompt_builder.build(r.text, system, r.scene)
@@ -133,6 +148,7 @@ def run_generate(opts: GenerateOptions) -> RunSummary:
                 fail(r.row, r.id, r.text, str(e))
                 continue
             by_rid[r.id] = (r, req)
+            by_system[r.id] = system
 
         try:
             while scheduler.has_work():
@@ -145,7 +161,7 @@ def run_generate(opts: GenerateOptions) -> RunSummary:
                         continue
                     scheduler.finish(req, reason)
                     row, _ = by_rid[req.rid]
-                    record = _write_request(writer, runner, row, req)
+                    record = _write_request(writer, runner, row, req, by_system[req.rid])
                     ok += 1
                     progress.row_done(record["duration_s"], ok=True)
         except KeyboardInterrupt:
@@ -171,21 +187,11 @@ def run_generate(opts: GenerateOptions) -> RunSummary:
     return RunSummary(total=len(rows), ok=ok, failed=failed, interrupted=interrupted)
 
 
-def _write_request(writer: OutputWriter, runner, row, req: Request) -> dict:
+def _write_request(writer: OutputWriter, runner, row, req: Request, system: str) -> dict:
     tokens = np.stack(req.frames)  # [frames, codebooks], as sampled (BOS ramp, EOS staircase)
     logprobs = np.stack(req.logprobs)
+    raw = np.stack(req.raw_logprobs) if req.raw_logprobs else None
     audio = runner.decode_audio(tokens)
-    p = req.params
-    meta = {
-        "row": row.row,
-        "text": row.text,
-        "scene": row.scene,
-        "seed": req.seed,
-        "finish_reason": req.finish_reason,
-        "temperature": p.temperature,
-        "top_k": p.top_k,
-        "top_p": p.top_p,
-        "repetition_penalty": p.repetition_penalty,
-        "max_new_frames": p.max_new_frames,
-    }
-    return writer.write_ok(row.row, req.rid, audio, tokens, logprobs, runner.real_code_mask(tokens), meta)
+    meta = {"row": row.row, "text": row.text, "scene": row.scene, "system": system, "seed": req.seed,
+            "finish_reason": req.finish_reason, **req.params.as_record()}
+    return writer.write_ok(row.row, req.rid, audio, tokens, logprobs, runner.real_code_mask(tokens), meta, raw)

@@ -59,16 +59,21 @@ class OutputWriter:
         self._manifest.flush()
 
     def write_ok(self, row: int, rid: str, audio: np.ndarray, tokens: np.ndarray, logprobs: np.ndarray,
-                 mask: np.ndarray, meta: dict[str, Any]) -> dict[str, Any]:
+                 mask: np.ndarray, meta: dict[str, Any], raw_logprobs: np.ndarray | None = None) -> dict[str, Any]:
         """Write one finished request's files and its manifest row."""
         audio_rel = f"audio/{rid}.{self.fmt}"
         tmp = self.out / f"audio/.{rid}.partial.{self.fmt}"
-        sf.write(tmp, audio, self.sample_rate, format=self.fmt.upper(), subtype="PCM_16" if self.fmt == "flac" else "FLOAT")
+        # 16-bit PCM: float WAV would carry libsndfile's PEAK chunk, whose
+        # timestamp makes files of the same audio differ byte for byte
+        sf.write(tmp, np.clip(audio, -1.0, 1.0), self.sample_rate, format=self.fmt.upper(), subtype="PCM_16")
         os.replace(tmp, self.out / audio_rel)
         npz_rel = f"logprobs/{rid}.npz"
         tmp = self.out / f"logprobs/.{rid}.partial.npz"
+        arrays = {"tokens": tokens.astype(np.int64), "logprobs": logprobs.astype(np.float32), "mask": mask.astype(bool)}
+        if raw_logprobs is not None:
+            arrays["raw_logprobs"] = raw_logprobs.astype(np.float32)
         with open(tmp, "wb") as f:
-            np.savez(f, tokens=tokens.astype(np.int64), logprobs=logprobs.astype(np.float32), mask=mask.astype(bool))
+            np.savez(f, **arrays)
         os.replace(tmp, self.out / npz_rel)
         real = logprobs[mask]
         record = {
@@ -79,6 +84,7 @@ class OutputWriter:
             "frames": int(tokens.shape[0]),
             "duration_s": round(len(audio) / self.sample_rate, 6),
             "mean_logprob": float(real.mean()) if real.size else None,
+            "min_window_logprob": min_window_logprob(logprobs, mask),
             "logprobs_file": npz_rel,
         }
         self._record(meta["row"], record)
@@ -95,6 +101,24 @@ class OutputWriter:
         self._manifest.close()
         lines = [json.dumps(self.rows[r], ensure_ascii=False) + "\n" for r in sorted(self.rows)]
         _atomic_write(self.out / "metadata.jsonl", "".join(lines).encode("utf-8"))
+
+
+def min_window_logprob(logprobs: np.ndarray, mask: np.ndarray, window: int = 25) -> float | None:
+    """The lowest mean logprob of real codes over any `window` consecutive frames (1 s at 25 fps).
+
+    logprobs, mask [frames, codebooks]. Shorter outputs use their one window;
+    windows without real codes are skipped; None when there are none at all.
+    """
+    n = len(logprobs)
+    w = min(window, n)
+    if w == 0:
+        return None
+    vals = np.where(mask, logprobs, 0.0).sum(axis=1).astype(np.float64)
+    counts = mask.sum(axis=1)
+    csum, ccnt = np.concatenate([[0.0], np.cumsum(vals)]), np.concatenate([[0], np.cumsum(counts)])
+    sums, cnts = csum[w:] - csum[:-w], ccnt[w:] - ccnt[:-w]
+    ok = cnts > 0
+    return float((sums[ok] / cnts[ok]).min()) if ok.any() else None
 
 
 def write_run_json(out: Path, info: dict[str, Any]) -> None:

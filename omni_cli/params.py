@@ -19,9 +19,13 @@ class SamplingParams:
     temperature: float = 1.0  # 0 means greedy (argmax)
     top_k: int = 0  # 0 disables
     top_p: float = 1.0  # 1 disables
+    min_p: float = 0.0  # 0 disables
     repetition_penalty: float = 1.0  # 1 disables
+    ras_win_len: int = 0  # repetition-aware sampling window in frames; 0 disables
+    ras_win_max_num_repeat: int = 2  # resample a code seen this often in the window
     suppress_tokens: tuple[int, ...] = ()
     max_new_frames: int = 1024
+    min_new_frames: int = 0  # stream-EOS is not allowed before this many frames
 
     @property
     def greedy(self) -> bool:
@@ -31,6 +35,17 @@ class SamplingParams:
         """Copy with the non-None values applied, each checked by ``check_field``."""
         given = {k: check_field(k, v) for k, v in values.items() if v is not None}
         return replace(self, **given)
+
+    def check_consistent(self) -> None:
+        """Checks across fields, once all overrides are applied."""
+        if self.min_new_frames > self.max_new_frames:
+            raise ValueError(f"min_new_frames ({self.min_new_frames}) exceeds max_new_frames ({self.max_new_frames})")
+
+    def as_record(self) -> dict[str, Any]:
+        """The values as a manifest records them (enough to regenerate the row)."""
+        d = {f.name: getattr(self, f.name) for f in fields(self)}
+        d["suppress_tokens"] = list(self.suppress_tokens)
+        return d
 
 
 FIELD_NAMES = tuple(f.name for f in fields(SamplingParams))
@@ -58,6 +73,22 @@ def check_field(name: str, value: Any) -> Any:
         if not _is_number(value) or not (0.0 < value <= 1.0):
             raise ValueError(f"must be a number in (0, 1], got {value!r}")
         return float(value)
+    if name == "min_p":
+        if not _is_number(value) or not (0.0 <= value < 1.0):
+            raise ValueError(f"must be a number in [0, 1), got {value!r}")
+        return float(value)
+    if name == "ras_win_len":
+        if not _is_int(value) or value < 0:
+            raise ValueError(f"must be an integer >= 0 (0 disables), got {value!r}")
+        return value
+    if name == "ras_win_max_num_repeat":
+        if not _is_int(value) or value < 1:
+            raise ValueError(f"must be an integer >= 1, got {value!r}")
+        return value
+    if name == "min_new_frames":
+        if not _is_int(value) or value < 0:
+            raise ValueError(f"must be an integer >= 0, got {value!r}")
+        return value
     if name == "repetition_penalty":
         if not _is_number(value) or not value > 0:
             raise ValueError(f"must be a number > 0 (1 disables), got {value!r}")

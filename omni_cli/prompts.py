@@ -17,10 +17,11 @@ from pathlib import Path
 from typing import Any
 
 from omni_cli.errors import OmniError, RowError
-from omni_cli.params import check_field, check_seed
+from omni_cli.params import FIELD_NAMES, check_field, check_seed
 
-ROW_FIELDS = ("id", "text", "scene", "system", "seed", "temperature", "top_k", "top_p", "max_new_frames")
-SAMPLING_ROW_FIELDS = ("temperature", "top_k", "top_p", "max_new_frames")
+ROW_FIELDS = ("id", "text", "scene", "system", "seed") + FIELD_NAMES
+_CSV_INTS = ("seed", "top_k", "max_new_frames", "min_new_frames", "ras_win_len", "ras_win_max_num_repeat")
+_CSV_FLOATS = ("temperature", "top_p", "min_p", "repetition_penalty")
 # ids become file names: keep them portable and unambiguous
 _ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,199}$")
 
@@ -62,7 +63,7 @@ def _check_row(row: int, data: dict[str, Any]) -> PromptRow:
             out.seed = check_seed(data["seed"])
         except ValueError as e:
             raise RowError(row, "seed", str(e)) from None
-    for key in SAMPLING_ROW_FIELDS:
+    for key in FIELD_NAMES:
         if data.get(key) is not None:
             try:
                 out.overrides[key] = check_field(key, data[key])
@@ -124,12 +125,17 @@ def _csv_rows(text: str) -> list[PromptRow]:
                     raise RowError(n, None, "has more cells than the header")
                 if value is None or value == "":
                     continue
-                if key in ("seed", "top_k", "max_new_frames"):
+                if key in _CSV_INTS:
                     try:
                         value = int(value)
                     except ValueError:
                         raise RowError(n, key, f"must be an integer, got {value!r}") from None
-                elif key in ("temperature", "top_p"):
+                elif key == "suppress_tokens":  # token ids separated by spaces or semicolons
+                    try:
+                        value = [int(t) for t in value.replace(";", " ").split()]
+                    except ValueError:
+                        raise RowError(n, key, f"must be token ids separated by spaces, got {value!r}") from None
+                elif key in _CSV_FLOATS:
                     try:
                         value = float(value)
                     except ValueError:

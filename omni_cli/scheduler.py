@@ -40,6 +40,7 @@ class Request:
     # one entry per generated frame, host side: [num_codebooks] int / float32
     frames: list[np.ndarray] = field(default_factory=list)
     logprobs: list[np.ndarray] = field(default_factory=list)
+    raw_logprobs: list[np.ndarray] = field(default_factory=list)  # with --raw-logprobs
     finish_reason: str | None = None  # "stop" | "length"
 
     @property

@@ -25,8 +25,15 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from omni_cli.seeds import derive_seed
 from runners.engine import Engine, ForwardBatch
-from runners.sampling import apply_repetition_penalty, apply_suppress_tokens, draw
+from runners.sampling import (
+    apply_repetition_penalty,
+    apply_suppress_tokens,
+    draw,
+    ras_replace_mask,
+    seeded_argmax,
+)
 
 
 @dataclass
@@ -48,25 +55,53 @@ class BatchResult:
     logits_gpu: torch.Tensor  # [B, num_streams * vocab] float32, last position of each row
     next_token_ids_gpu: torch.Tensor | None = None  # [B, num_streams]
     logprobs_gpu: torch.Tensor | None = None  # [B, num_streams] float32
+    raw_logprobs_gpu: torch.Tensor | None = None  # [B, num_streams]: unprocessed model logprobs
     host: np.ndarray | None = None  # the model's collected payload, [B, ...]
+
+
+@dataclass
+class StepCollect:
+    """One request's share of a step, on the host."""
+
+    tokens: np.ndarray  # [num_streams] int64
+    logprobs: np.ndarray  # [num_streams] float32
+    raw_logprobs: np.ndarray | None  # [num_streams] float32, with --raw-logprobs
+    stopped: bool
+
+
+# per-slot sampling tables: name -> (dtype, value of a request)
+_SLOT_PARAMS = {
+    "temperature": (torch.float32, lambda r: r.params.temperature),
+    "top_k": (torch.int64, lambda r: r.params.top_k),
+    "top_p": (torch.float32, lambda r: r.params.top_p),
+    "min_p": (torch.float32, lambda r: r.params.min_p),
+    "penalty": (torch.float32, lambda r: r.params.repetition_penalty),
+    "ras_win_len": (torch.int64, lambda r: r.params.ras_win_len),
+    "ras_max_repeat": (torch.int64, lambda r: r.params.ras_win_max_num_repeat),
+    "min_new_frames": (torch.int64, lambda r: r.params.min_new_frames),
+    "seed": (torch.int64, lambda r: r.seed),
+    # RAS redraws use their own stream of noise, or a redraw would repeat the draw
+    "ras_seed": (torch.int64, lambda r: derive_seed("omni-cli-ras", r.seed)),
+}
 
 
 class ModelRunner:
     num_streams: int
     vocab_size: int
+    ras_excluded_tokens: tuple[int, ...] = ()  # never counted as repeats (stream BOS/EOS)
 
-    def __init__(self, engine: Engine, num_slots: int, max_seq_len: int, device: torch.device):
+    def __init__(self, engine: Engine, num_slots: int, max_seq_len: int, device: torch.device,
+                 raw_logprobs: bool = False):
         self.engine = engine
         self.device = device
+        self.raw_logprobs = raw_logprobs  # also report the unprocessed model logprobs
         s, c, v = num_slots, self.num_streams, self.vocab_size
-        self.temperature_gpu = torch.zeros(s, device=device)
-        self.top_k_gpu = torch.zeros(s, dtype=torch.int64, device=device)
-        self.top_p_gpu = torch.ones(s, device=device)
-        self.penalty_gpu = torch.ones(s, device=device)
-        self.seed_gpu = torch.zeros(s, dtype=torch.int64, device=device)
+        self.slot_gpu = {name: torch.zeros(s, dtype=dt, device=device) for name, (dt, _) in _SLOT_PARAMS.items()}
         self.suppress_gpu = torch.zeros(s, v, dtype=torch.bool, device=device)
         # every token sampled so far, per slot and stream; -1 = none yet
         self.history_gpu = torch.full((s, c, max_seq_len), -1, dtype=torch.int64, device=device)
+        self._ras_excluded_gpu = torch.zeros(v, dtype=torch.bool, device=device)
+        self._ras_excluded_gpu[list(self.ras_excluded_tokens)] = True
 
     # ---- hooks (model families override) ---------------------------------
     def before_prefill(self, fb: ForwardBatch, requests) -> None:
@@ -94,8 +129,8 @@ class ModelRunner:
     def post_decode(self, result: BatchResult, fb: ForwardBatch, requests) -> None:
         pass
 
-    def collect_outputs(self, result: BatchResult, fb: ForwardBatch, requests) -> list[tuple[np.ndarray, np.ndarray, bool]]:
-        """Output processor: per request (tokens [C], logprobs [C], stopped)."""
+    def collect_outputs(self, result: BatchResult, fb: ForwardBatch, requests) -> list[StepCollect]:
+        """Output processor: per request, this step's collected values."""
         raise NotImplementedError
 
     # ---- the pipeline ----------------------------------------------------
@@ -125,53 +160,79 @@ class ModelRunner:
     def _install_requests(self, fb: ForwardBatch, requests) -> None:
         """Write each new request's sampling parameters into its slot's tables."""
         s = fb.slots_gpu
-        t = lambda vals, dtype=torch.float32: torch.tensor(vals, dtype=dtype).to(self.device)  # noqa: E731
-        self.temperature_gpu[s] = t([r.params.temperature for r in requests])
-        self.top_k_gpu[s] = t([r.params.top_k for r in requests], torch.int64)
-        self.top_p_gpu[s] = t([r.params.top_p for r in requests])
-        self.penalty_gpu[s] = t([r.params.repetition_penalty for r in requests])
-        self.seed_gpu[s] = t([r.seed for r in requests], torch.int64)
+        for name, (dtype, get) in _SLOT_PARAMS.items():
+            self.slot_gpu[name][s] = torch.tensor([get(r) for r in requests], dtype=dtype).to(self.device)
         suppress = torch.zeros(len(requests), self.vocab_size, dtype=torch.bool)
         for i, r in enumerate(requests):
             suppress[i, list(r.params.suppress_tokens)] = True
         self.suppress_gpu[s] = suppress.to(self.device)
         self.history_gpu[s] = -1
 
+    def _row_param(self, name: str, slots: torch.Tensor) -> torch.Tensor:
+        return self.slot_gpu[name][slots]
+
     @torch.inference_mode()
     def _sample(self, result: BatchResult, fb: ForwardBatch, requests) -> None:
+        """Logit processing and the draw, all on the device: [B, C] tokens and logprobs."""
         scores = self.process_logits(result.logits_gpu, fb, requests)  # [B, C, V]
         b, c, v = scores.shape
         rows = scores.reshape(b * c, v)
-        slots = fb.slots_gpu.repeat_interleave(c)
-        steps_cpu = [r.generation_steps for r in requests]  # index of the frame being sampled
+        slots = fb.slots_gpu.repeat_interleave(c)  # [B*C]
+        steps = fb.steps_gpu  # [B] index of the frame being sampled
+        p = lambda name: self._row_param(name, slots)  # noqa: E731
         if any(r.params.repetition_penalty != 1.0 for r in requests):
-            hist = self.history_gpu[fb.slots_gpu, :, : max(max(steps_cpu), 1)].reshape(b * c, -1)
-            rows = apply_repetition_penalty(rows, hist, self.penalty_gpu[slots])
+            hist = self.history_gpu[fb.slots_gpu, :, : max(max(fb.steps_cpu), 1)].reshape(b * c, -1)
+            rows = apply_repetition_penalty(rows, hist, p("penalty"))
         if any(r.params.suppress_tokens for r in requests):
             rows = apply_suppress_tokens(rows, self.suppress_gpu[slots])
-        steps_gpu = torch.tensor(steps_cpu, dtype=torch.int64).to(self.device, non_blocking=True)
         # draw position = frame_step * num_streams + stream, as sglang-omni's Higgs runner
-        positions = (steps_gpu[:, None] * c + torch.arange(c, device=self.device)[None, :]).reshape(-1)
-        tokens, logprobs = draw(rows, self.temperature_gpu[slots], self.top_k_gpu[slots], self.top_p_gpu[slots],
-                                self.seed_gpu[slots], positions)
+        positions = (steps[:, None] * c + torch.arange(c, device=self.device)[None, :]).reshape(-1)
+        tokens, logprobs = draw(rows, p("temperature"), p("top_k"), p("top_p"), p("min_p"), p("seed"), positions)
+        raw = result.logits_gpu.view(b * c, v).float().log_softmax(dim=-1)
+        if any(r.params.ras_win_len > 0 for r in requests):
+            tokens, logprobs = self._ras(tokens, logprobs, raw, fb, requests, slots, positions)
         result.next_token_ids_gpu = tokens.view(b, c)
         result.logprobs_gpu = logprobs.view(b, c)
-        self.history_gpu[fb.slots_gpu, :, steps_gpu] = result.next_token_ids_gpu
+        if self.raw_logprobs:
+            result.raw_logprobs_gpu = raw.gather(1, tokens[:, None]).view(b, c)
+        self.history_gpu[fb.slots_gpu, :, steps] = result.next_token_ids_gpu
+
+    def _ras(self, tokens, logprobs, raw, fb: ForwardBatch, requests, slots, positions):
+        """Repetition-aware sampling: redraw, from the unprocessed distribution (no
+        temperature, no filters, as transformers' Higgs ``_sample``), any code that
+        already occurs ras_win_max_num_repeat times among its stream's last
+        ras_win_len frames. The redraw has its own seed stream."""
+        c = self.num_streams
+        w = max(r.params.ras_win_len for r in requests)  # host: the widest window in the batch
+        p = lambda name: self._row_param(name, slots)  # noqa: E731
+        offsets = torch.arange(-w, 0, device=self.device)  # [w]: frames -w .. -1
+        frame = fb.steps_gpu.repeat_interleave(c)[:, None] + offsets[None, :]  # [R, w]
+        valid = (frame >= 0) & (offsets[None, :] >= -p("ras_win_len")[:, None])
+        stream = torch.arange(c, device=self.device).repeat(fb.batch_size)
+        window = self.history_gpu[slots[:, None], stream[:, None], frame.clamp(min=0)]  # [R, w]
+        redo = ras_replace_mask(window, valid, tokens, self._ras_excluded_gpu, p("ras_max_repeat"))
+        redo &= p("ras_win_len") > 0
+        redraw = seeded_argmax(raw, p("ras_seed"), positions)
+        tokens = torch.where(redo, redraw, tokens)
+        logprobs = torch.where(redo, raw.gather(1, redraw[:, None])[:, 0], logprobs)
+        return tokens, logprobs
 
     def _finalize(self, result: BatchResult, fb: ForwardBatch, requests) -> ModelRunnerOutput:
         if result.next_token_ids_gpu is None:
             self._sample(result, fb, requests)
         collected = self.collect_outputs(result, fb, requests)
         outputs: dict[str, RequestOutput] = {}
-        for req, (tokens, logprobs, stopped) in zip(requests, collected):
-            req.frames.append(tokens)
-            req.logprobs.append(logprobs)
-            if stopped:
+        for req, got in zip(requests, collected):
+            req.frames.append(got.tokens)
+            req.logprobs.append(got.logprobs)
+            if got.raw_logprobs is not None:
+                req.raw_logprobs.append(got.raw_logprobs)
+            if got.stopped:
                 reason = "stop"
             elif req.generation_steps >= req.params.max_new_frames:
                 reason = "length"
             else:
                 reason = None
-            outputs[req.rid] = RequestOutput(tokens=tokens, logprobs=logprobs, finish_reason=reason)
+            outputs[req.rid] = RequestOutput(tokens=got.tokens, logprobs=got.logprobs, finish_reason=reason)
         rids = [r.rid for r in requests]
         return ModelRunnerOutput(outputs=outputs, req_ids=rids, req_id_to_index={r: i for i, r in enumerate(rids)})

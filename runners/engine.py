@@ -6,6 +6,14 @@ engine, say) can stand in for it:
   forward(forward_batch) -> logits of each row's last position [B, ...]
 The runner decides what goes in ``forward_batch.model_inputs`` (through its
 hooks); the engine decides how attention and the KV cache work.
+
+Deterministic mode makes each row's arithmetic independent of its batch-mates
+and of the batch size, so outputs are byte-identical however rows are
+batched: matmul and attention kernels pick their blocking (and so their
+rounding) from the shapes they see, so every shape is fixed. Prefill runs one
+prompt at a time at its own length; decode runs in chunks of exactly
+``det_rows`` rows (padding rows use a spare KV slot that no request owns) and
+always attends over all ``max_seq_len`` key positions, masked.
 """
 
 from __future__ import annotations
@@ -24,6 +32,8 @@ class ForwardBatch:
     slots_cpu: list[int]
     slots_gpu: torch.Tensor  # [B]
     lengths_cpu: list[int]  # per row: tokens in the slot after this forward
+    steps_cpu: list[int]  # per row: index of the frame this step samples
+    steps_gpu: torch.Tensor  # [B]
     positions_gpu: torch.Tensor  # [B, T]
     attn: AttentionContext
     model_inputs: dict[str, torch.Tensor] = field(default_factory=dict)
@@ -34,10 +44,13 @@ class ForwardBatch:
 
 
 class Engine:
-    def __init__(self, model: torch.nn.Module, kv: KVCache, device: torch.device):
+    def __init__(self, model: torch.nn.Module, kv: KVCache, device: torch.device, deterministic: bool = False,
+                 det_rows: int = 64):
         self.model = model
-        self.kv = kv
+        self.kv = kv  # deterministic mode: one slot more than requests can own (the padding rows' slot)
         self.device = device
+        self.deterministic = deterministic
+        self.det_rows = det_rows
 
     def _tensor(self, data, dtype=torch.int64) -> torch.Tensor:
         # host list -> device; a pinned host copy is not worth it at these sizes
@@ -77,12 +90,15 @@ class Engine:
             mask_gpu=mask[:, None].to(self.device, non_blocking=True),
             kv_len=kv_len,
         )
+        steps = [r.generation_steps for r in reqs]
         return ForwardBatch(
             is_prefill=scheduler_output.is_prefill,
             rids=[r.rid for r in reqs],
             slots_cpu=slots,
             slots_gpu=slots_gpu,
             lengths_cpu=lens,
+            steps_cpu=steps,
+            steps_gpu=self._tensor(steps),
             positions_gpu=positions_gpu,
             attn=attn,
             model_inputs=model_inputs,
@@ -90,6 +106,8 @@ class Engine:
 
     @torch.inference_mode()
     def forward(self, fb: ForwardBatch) -> torch.Tensor:
+        if self.deterministic:
+            return self._forward_fixed_shapes(fb)
         hidden = self.model(fb.attn, **fb.model_inputs)  # [B, T, H]
         if fb.is_prefill:
             last = self._tensor([n - 1 for n in fb.lengths_cpu])
@@ -97,3 +115,30 @@ class Engine:
         else:
             hidden = hidden[:, 0]
         return self.model.compute_logits(hidden)
+
+    def _forward_fixed_shapes(self, fb: ForwardBatch) -> torch.Tensor:
+        out = []
+        if fb.is_prefill:
+            for i, n in enumerate(fb.lengths_cpu):  # one prompt at a time, at its own length
+                ar = torch.arange(n)
+                attn = AttentionContext(kv=self.kv, is_prefill=True, slots_gpu=fb.slots_gpu[i: i + 1],
+                                        positions_gpu=fb.positions_gpu[i: i + 1, :n],
+                                        mask_gpu=(ar[:, None] >= ar[None, :])[None, None].to(self.device), kv_len=n)
+                inputs = {k: v[i: i + 1, :n] for k, v in fb.model_inputs.items()}
+                out.append(self.model.compute_logits(self.model(attn, **inputs)[:, n - 1]))
+            return torch.cat(out)
+        rows, k = self.det_rows, self.kv.max_seq_len
+        pad_slot = self.kv.k_gpu.shape[1] - 1
+        for start in range(0, fb.batch_size, rows):
+            idx = slice(start, start + rows)
+            m = len(fb.lengths_cpu[idx])
+            pad = rows - m
+            lens = fb.lengths_cpu[idx] + [1] * pad
+            slots = torch.cat([fb.slots_gpu[idx], torch.full((pad,), pad_slot, device=self.device)])
+            positions = torch.cat([fb.positions_gpu[idx], torch.zeros(pad, 1, dtype=torch.int64, device=self.device)])
+            mask = (torch.arange(k)[None, :] < torch.tensor(lens)[:, None])[:, None, None].to(self.device)
+            attn = AttentionContext(kv=self.kv, is_prefill=False, slots_gpu=slots, positions_gpu=positions,
+                                    mask_gpu=mask, kv_len=k)
+            inputs = {name: torch.cat([v[idx], v.new_zeros((pad, *v.shape[1:]))]) for name, v in fb.model_inputs.items()}
+            out.append(self.model.compute_logits(self.model(attn, **inputs)[:, 0])[:m])  # head at the fixed shape too
+        return torch.cat(out)

@@ -88,17 +88,34 @@ def apply_repetition_penalty(scores: torch.Tensor, history: torch.Tensor, penalt
     return torch.where(seen, penalised, scores)
 
 
+def ras_replace_mask(window: torch.Tensor, valid: torch.Tensor, tokens: torch.Tensor, excluded: torch.Tensor,
+                     max_repeat: torch.Tensor) -> torch.Tensor:
+    """Repetition-aware sampling, as transformers' Higgs ``_sample``: which draws to redo.
+
+    window [R, W] the stream's previous tokens, valid [R, W] which of them exist,
+    tokens [R] this step's draws, excluded [V] bool (tokens never counted: the
+    stream BOS/EOS), max_repeat [R]. A draw is redone when it already occurs at
+    least max_repeat times in the window.
+    """
+    counted = valid & ~excluded[window.clamp(min=0)]
+    repeats = ((window == tokens[:, None]) & counted).sum(dim=-1)
+    return repeats >= max_repeat
+
+
 def apply_suppress_tokens(scores: torch.Tensor, token_mask: torch.Tensor) -> torch.Tensor:
     """token_mask [R, V] bool: True columns are set to -inf."""
     return scores.masked_fill(token_mask, float("-inf"))
 
 
-def apply_warpers(scores: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
-    """Temperature, then top-k, then top-p, per row, with transformers' semantics.
+def apply_warpers(scores: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor,
+                  min_p: torch.Tensor) -> torch.Tensor:
+    """Temperature, top-k, top-p, then min-p, per row, with transformers' semantics.
 
     scores [R, V] float32; temperature [R] (> 0); top_k [R] int64 (0 = off);
-    top_p [R] (1 = off). Ties at the k-th value are kept, as TopKLogitsWarper does;
-    top-p drops the low tail whose mass is <= 1 - p and always keeps the top token.
+    top_p [R] (1 = off); min_p [R] (0 = off). Ties at the k-th value are kept,
+    as TopKLogitsWarper does; top-p drops the low tail whose mass is <= 1 - p;
+    min-p drops tokens whose probability is below min_p times the top one.
+    Each filter always keeps the top token.
     """
     vocab = scores.shape[-1]
     scores = scores / temperature[:, None].to(scores.dtype)
@@ -113,7 +130,15 @@ def apply_warpers(scores: torch.Tensor, temperature: torch.Tensor, top_k: torch.
     remove_sorted[:, -1] = False
     remove = torch.zeros_like(remove_sorted).scatter(1, order, remove_sorted)
     off = (top_p >= 1.0)[:, None]
-    return scores.masked_fill(remove & ~off, float("-inf"))
+    scores = scores.masked_fill(remove & ~off, float("-inf"))
+    probs = scores.softmax(dim=-1)
+    below = probs < min_p[:, None].to(probs.dtype) * probs.amax(dim=-1, keepdim=True)
+    return scores.masked_fill(below, float("-inf"))  # the top token is never below its own share
+
+
+def seeded_argmax(logprobs: torch.Tensor, seeds: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    """A draw from softmax(logprobs) per row: argmax(logprobs + seeded Gumbel noise), in float64."""
+    return (logprobs.double() + gumbel_noise(seeds, positions, logprobs.shape[-1])).argmax(dim=-1)
 
 
 def draw(
@@ -121,6 +146,7 @@ def draw(
     temperature: torch.Tensor,
     top_k: torch.Tensor,
     top_p: torch.Tensor,
+    min_p: torch.Tensor,
     seeds: torch.Tensor,
     positions: torch.Tensor,
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -133,10 +159,8 @@ def draw(
     """
     greedy = temperature <= 0
     safe_t = torch.where(greedy, torch.ones_like(temperature), temperature)
-    warped = apply_warpers(scores, safe_t, top_k, top_p)
+    warped = apply_warpers(scores, safe_t, top_k, top_p, min_p)
     processed = torch.where(greedy[:, None], scores, warped)
     logprobs = processed.float().log_softmax(dim=-1)
-    noise = gumbel_noise(seeds, positions, scores.shape[-1])
-    sampled = (logprobs.double() + noise).argmax(dim=-1)
-    tokens = torch.where(greedy, processed.argmax(dim=-1), sampled)
+    tokens = torch.where(greedy, processed.argmax(dim=-1), seeded_argmax(logprobs, seeds, positions))
     return tokens, logprobs.gather(1, tokens[:, None]).squeeze(1)

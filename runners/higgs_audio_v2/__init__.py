@@ -17,18 +17,25 @@ from runners.higgs_audio_v2.runner import HiggsRunner
 # present in released checkpoints, unused for generation (as in transformers,
 # which lists it in _keys_to_ignore_on_load_unexpected)
 IGNORED_KEYS = ("text_lm_head.weight",)
+# rows per decode forward in deterministic mode: a constant per device type, so
+# results do not depend on --max-batch-size. 64 fills an H200's decode well.
+# On the CPU, a row's result also depends on its place inside a GEMM (the
+# kernels' row tiles have remainder paths), so rows go one at a time there.
+DET_ROWS = {"cuda": 64, "cpu": 1}
 
 
-def build(config: ModelConfig, dtype: torch.dtype, device: torch.device) -> tuple[HiggsRunner, PromptBuilder]:
+def build(config: ModelConfig, dtype: torch.dtype, device: torch.device,
+          raw_logprobs: bool = False) -> tuple[HiggsRunner, PromptBuilder]:
     lm_dir = resolve_folder(config.checkpoint, "checkpoint")
     codec_dir = resolve_folder(config.codec, "codec")
     cfg = HiggsConfig.from_file(lm_dir / "config.json")
     model = HiggsAudioV2LM(cfg, config.max_seq_len)
     load_into(model, read_safetensors(lm_dir), lm_dir, ignore=IGNORED_KEYS)
     model = model.to_runtime(device, dtype)
-    kv = KVCache(cfg.num_hidden_layers, config.max_batch_size, cfg.num_key_value_heads, config.max_seq_len,
-                 cfg.head_dim, dtype, device)
-    engine = Engine(model, kv, device)
+    # deterministic decode pads to fixed chunks; the padding rows write to one spare slot
+    slots = config.max_batch_size + (1 if config.deterministic else 0)
+    kv = KVCache(cfg.num_hidden_layers, slots, cfg.num_key_value_heads, config.max_seq_len, cfg.head_dim, dtype, device)
+    engine = Engine(model, kv, device, deterministic=config.deterministic, det_rows=DET_ROWS[device.type])
     codec = HiggsCodecDecoder.load(codec_dir, dtype, device)
-    runner = HiggsRunner(engine, cfg, codec, config.max_batch_size, config.max_seq_len, device)
+    runner = HiggsRunner(engine, cfg, codec, config.max_batch_size, config.max_seq_len, device, raw_logprobs)
     return runner, PromptBuilder(lm_dir, cfg.audio_bos_token_id)

@@ -20,7 +20,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from runners.base import BatchResult, ModelRunner
+from runners.base import BatchResult, ModelRunner, StepCollect
 from runners.engine import Engine, ForwardBatch
 from runners.higgs_audio_v2.codec import HiggsCodecDecoder
 from runners.higgs_audio_v2.config import HiggsConfig
@@ -30,11 +30,12 @@ class HiggsRunner(ModelRunner):
     sample_rate: int
 
     def __init__(self, engine: Engine, cfg: HiggsConfig, codec: HiggsCodecDecoder, num_slots: int,
-                 max_seq_len: int, device: torch.device):
+                 max_seq_len: int, device: torch.device, raw_logprobs: bool = False):
         self.cfg = cfg
         self.num_streams = cfg.num_codebooks
         self.vocab_size = cfg.codebook_size
-        super().__init__(engine, num_slots, max_seq_len, device)
+        self.ras_excluded_tokens = (cfg.audio_stream_bos_id, cfg.audio_stream_eos_id)
+        super().__init__(engine, num_slots, max_seq_len, device, raw_logprobs)
         if codec.num_quantizers != cfg.num_codebooks:
             raise ValueError(f"codec has {codec.num_quantizers} quantizers, the model {cfg.num_codebooks} codebooks")
         self.codec = codec
@@ -82,6 +83,9 @@ class HiggsRunner(ModelRunner):
     def process_logits(self, logits_gpu: torch.Tensor, fb: ForwardBatch, requests) -> torch.Tensor:
         s = fb.slots_gpu
         scores = logits_gpu.view(fb.batch_size, self.num_streams, self.vocab_size)
+        # no stream-EOS before min_new_frames (the staircase only follows a sampled EOS)
+        early = (fb.steps_gpu < self.slot_gpu["min_new_frames"][s])[:, None, None]
+        scores = scores.masked_fill(early & ~self._not_eos_gpu, float("-inf"))
         bos = self.bos_delay_gpu[s]
         force_bos = bos >= 0  # [B, C]
         scores = scores.masked_fill(force_bos[..., None] & self._not_bos_gpu, float("-inf"))
@@ -98,17 +102,21 @@ class HiggsRunner(ModelRunner):
         self.delay_started_gpu[s] = self.delay_started_gpu[s] | is_eos.any(dim=-1)
         stop = is_eos.all(dim=-1)
         # one packed device->host copy per step: codes (exact in float32, < 2^24),
-        # logprobs, stop flag -> [B, 2C + 1]
-        payload = torch.cat([tokens.float(), result.logprobs_gpu, stop.float()[:, None]], dim=1)
-        result.host = payload.cpu().numpy()
+        # logprobs, stop flag [, raw logprobs] -> [B, 2C + 1 (+ C)]
+        parts = [tokens.float(), result.logprobs_gpu, stop.float()[:, None]]
+        if result.raw_logprobs_gpu is not None:
+            parts.append(result.raw_logprobs_gpu)
+        result.host = torch.cat(parts, dim=1).cpu().numpy()
 
     post_prefill = _collect
     post_decode = _collect
 
-    def collect_outputs(self, result: BatchResult, fb: ForwardBatch, requests):
-        c = self.num_streams
-        host = result.host
-        return [(host[i, :c].astype(np.int64), host[i, c: 2 * c].astype(np.float32), bool(host[i, 2 * c]))
+    def collect_outputs(self, result: BatchResult, fb: ForwardBatch, requests) -> list[StepCollect]:
+        c, h = self.num_streams, result.host
+        raw = h.shape[1] > 2 * c + 1
+        return [StepCollect(tokens=h[i, :c].astype(np.int64), logprobs=h[i, c: 2 * c].astype(np.float32),
+                            raw_logprobs=h[i, 2 * c + 1:].astype(np.float32) if raw else None,
+                            stopped=bool(h[i, 2 * c]))
                 for i in range(len(requests))]
 
     # ---- audio -----------------------------------------------------------

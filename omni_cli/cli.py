@@ -6,6 +6,7 @@ Exit codes: 0 every row ok; 1 some rows failed (the others were written);
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Optional
 
@@ -64,6 +65,31 @@ def generate(
     if summary.interrupted:
         raise typer.Exit(130)
     if summary.failed:
+        raise typer.Exit(1)
+
+
+@app.command()
+def verify(
+    out: Path = typer.Argument(..., help="An output folder of `omni generate`."),
+    sample: int = typer.Option(8, "--sample", help="Rows to regenerate (0 = all)."),
+    batch_size: Optional[int] = typer.Option(None, "--max-batch-size", help="Batch size for the rerun "
+                                             "(default: half the original's, or 2)."),
+    seed: int = typer.Option(0, "--seed", help="Picks the sample and its order."),
+    quiet: bool = typer.Option(False, "--quiet", "-q"),
+) -> None:
+    """Regenerate a sample of rows at another batch size and order; compare bytes per row."""
+    from omni_cli.verify import run_verify
+
+    checks = _run(lambda: run_verify(out, sample, batch_size, seed, quiet))
+    for c in checks:
+        mark = "ok" if c.ok else "DIFFERS"
+        typer.echo(f"{c.id}\taudio {'=' if c.audio_equal else '!='}\tnpz {'=' if c.npz_equal else '!='}\t{mark}")
+    bad = sum(not c.ok for c in checks)
+    typer.echo(f"verified {len(checks)} rows: {len(checks) - bad} identical, {bad} different")
+    if bad and not json.loads((out / "run.json").read_text())["config"]["deterministic"]:
+        typer.echo("note: the run was not --deterministic: its logprobs (and, rarely, codes) may change with "
+                   "the batching; --deterministic makes rows byte-identical", err=True)
+    if bad:
         raise typer.Exit(1)
 
 

@@ -1,0 +1,72 @@
+"""`omni verify`: regenerate rows of an output folder and compare bytes.
+
+A sample of the folder's ok rows is regenerated from what its manifest
+records (text, scene, system, seed, every sampling parameter) with the same
+model config and mode, but at a different batch size and in a shuffled
+order, and each row's audio file and npz are compared byte for byte.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from omni_cli.errors import OmniError
+from omni_cli.generate import GenerateOptions, run_generate
+from omni_cli.params import FIELD_NAMES
+
+
+@dataclass
+class RowCheck:
+    id: str
+    audio_equal: bool
+    npz_equal: bool
+
+    @property
+    def ok(self) -> bool:
+        return self.audio_equal and self.npz_equal
+
+
+def _load(out: Path) -> tuple[dict, list[dict]]:
+    try:
+        run = json.loads((out / "run.json").read_text())
+        rows = [json.loads(line) for line in (out / "metadata.jsonl").read_text().splitlines() if line.strip()]
+    except (OSError, json.JSONDecodeError) as e:
+        raise OmniError(f"{out} is not a complete omni output folder: {e}") from None
+    return run, rows
+
+
+def run_verify(out: Path, sample: int, batch_size: int | None, seed: int, quiet: bool) -> list[RowCheck]:
+    run, rows = _load(out)
+    ok_rows = [r for r in rows if r.get("status") == "ok"]
+    if not ok_rows:
+        raise OmniError(f"{out} has no ok rows to verify")
+    rng = random.Random(seed)
+    picked = ok_rows if sample <= 0 or sample >= len(ok_rows) else rng.sample(ok_rows, sample)
+    rng.shuffle(picked)  # another order than the original run
+    cmd = run["command"]
+    original_bs = run["config"]["max_batch_size"]
+    if batch_size is None:  # another batch size than the original run
+        batch_size = original_bs // 2 if original_bs > 1 else 2
+    with tempfile.TemporaryDirectory(prefix="omni-verify-") as tmp:
+        prompts = Path(tmp) / "rows.jsonl"
+        keep = ("id", "text", "scene", "system", "seed") + FIELD_NAMES
+        prompts.write_text("".join(
+            json.dumps({k: r[k] for k in keep if r.get(k) is not None}) + "\n" for r in picked))
+        again = Path(tmp) / "out"
+        run_generate(GenerateOptions(
+            prompts=str(prompts), out=again, model=run["config"]["path"], max_batch_size=batch_size,
+            deterministic=run["config"]["deterministic"], raw_logprobs=cmd.get("raw_logprobs", False),
+            fmt=cmd.get("fmt", "wav"), quiet=quiet,
+        ))
+        checks = []
+        for r in picked:
+            audio_equal = (out / r["file_name"]).read_bytes() == (again / r["file_name"]).read_bytes() \
+                if (again / r["file_name"]).exists() else False
+            npz_equal = (out / r["logprobs_file"]).read_bytes() == (again / r["logprobs_file"]).read_bytes() \
+                if (again / r["logprobs_file"]).exists() else False
+            checks.append(RowCheck(r["id"], audio_equal, npz_equal))
+    return checks

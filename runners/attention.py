@@ -13,6 +13,13 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+
+# SDPA backends, in order of preference. The CPU has only MATH (and FLASH for
+# no-mask cases); on CUDA, masks rule out FLASH, so EFFICIENT runs.
+_BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
+_DETERMINISTIC_BACKENDS = [SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 
 
 class KVCache:
@@ -36,6 +43,12 @@ class AttentionContext:
     positions_gpu: torch.Tensor  # [B, T] int64: rope positions, and cache write positions
     mask_gpu: torch.Tensor  # [B, 1, T, K] bool, True = may attend
     kv_len: int  # K: keys attended per row (host-known: max sequence length in the batch)
+    # Deterministic mode pins SDPA's memory-efficient kernel at fixed shapes.
+    # Measured on an H200 (torch 2.11): the backend SDPA picks by default
+    # there (cuDNN) gives different bits when rows are permuted and from one
+    # run to the next, and spends ~2 ms of host time per call when kv_len
+    # changes every step; so it is never used.
+    deterministic: bool = False
 
     def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         """q [B, H, T, D], k/v [B, KVH, T, D] -> [B, H, T, D]; stores k/v in the cache."""
@@ -49,6 +62,25 @@ class AttentionContext:
             pos = self.positions_gpu[:, 0]
             kc[self.slots_gpu, :, pos] = k[:, :, 0]
             vc[self.slots_gpu, :, pos] = v[:, :, 0]
-            keys = kc[self.slots_gpu, :, : self.kv_len]
-            values = vc[self.slots_gpu, :, : self.kv_len]
-        return F.scaled_dot_product_attention(q, keys, values, attn_mask=self.mask_gpu, enable_gqa=True)
+            # slice first, then gather: kc[slots] would copy all max_seq_len positions
+            keys = kc[:, :, : self.kv_len][self.slots_gpu]
+            values = vc[:, :, : self.kv_len][self.slots_gpu]
+        return self._sdpa(q, keys, values)
+
+    def _sdpa(self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+        """Grouped-query attention as plain attention over the KV heads.
+
+        The `rep` query heads that share a KV head become `rep` query rows of
+        that head: q [B, H, T, D] -> [B, KVH, rep * T, D] (query head h uses KV
+        head h // rep, as transformers' repeat_kv). K/V are never expanded, and
+        the fused kernels, which need equal head counts, stay available.
+        """
+        b, h, t, d = q.shape
+        kvh = keys.shape[1]
+        rep = h // kvh
+        q = q.reshape(b, kvh, rep * t, d)
+        mask = self.mask_gpu.expand(b, 1, t, -1).repeat(1, 1, rep, 1)  # row r*T + i <- mask row i
+        backends = _DETERMINISTIC_BACKENDS if self.deterministic else _BACKENDS
+        with sdpa_kernel(backends):
+            out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask)
+        return out.reshape(b, h, t, d)

@@ -10,7 +10,8 @@ hooks); the engine decides how attention and the KV cache work.
 Deterministic mode makes each row's arithmetic independent of its batch-mates
 and of the batch size, so outputs are byte-identical however rows are
 batched: matmul and attention kernels pick their blocking (and so their
-rounding) from the shapes they see, so every shape is fixed. Prefill runs one
+rounding) from the shapes they see, so every shape is fixed, and attention
+uses SDPA's math backend (see AttentionContext.deterministic). Prefill runs one
 prompt at a time at its own length; decode runs in chunks of exactly
 ``det_rows`` rows (padding rows use a spare KV slot that no request owns) and
 always attends over all ``max_seq_len`` key positions, masked.
@@ -123,7 +124,8 @@ class Engine:
                 ar = torch.arange(n)
                 attn = AttentionContext(kv=self.kv, is_prefill=True, slots_gpu=fb.slots_gpu[i: i + 1],
                                         positions_gpu=fb.positions_gpu[i: i + 1, :n],
-                                        mask_gpu=(ar[:, None] >= ar[None, :])[None, None].to(self.device), kv_len=n)
+                                        mask_gpu=(ar[:, None] >= ar[None, :])[None, None].to(self.device), kv_len=n,
+                                        deterministic=True)
                 inputs = {k: v[i: i + 1, :n] for k, v in fb.model_inputs.items()}
                 out.append(self.model.compute_logits(self.model(attn, **inputs)[:, n - 1]))
             return torch.cat(out)
@@ -138,7 +140,7 @@ class Engine:
             positions = torch.cat([fb.positions_gpu[idx], torch.zeros(pad, 1, dtype=torch.int64, device=self.device)])
             mask = (torch.arange(k)[None, :] < torch.tensor(lens)[:, None])[:, None, None].to(self.device)
             attn = AttentionContext(kv=self.kv, is_prefill=False, slots_gpu=slots, positions_gpu=positions,
-                                    mask_gpu=mask, kv_len=k)
+                                    mask_gpu=mask, kv_len=k, deterministic=True)
             inputs = {name: torch.cat([v[idx], v.new_zeros((pad, *v.shape[1:]))]) for name, v in fb.model_inputs.items()}
             out.append(self.model.compute_logits(self.model(attn, **inputs)[:, 0])[:m])  # head at the fixed shape too
         return torch.cat(out)

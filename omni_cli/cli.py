@@ -43,6 +43,8 @@ def generate(
     deterministic: Optional[bool] = typer.Option(None, "--deterministic/--no-deterministic", help="Byte-identical rows "
                                                  "whatever the batching (fixed shapes; slower). Default from the config."),
     raw_logprobs: bool = typer.Option(False, "--raw-logprobs", help="Also store the unprocessed model logprobs."),
+    async_decode: Optional[bool] = typer.Option(None, "--async-decode/--no-async-decode", help="One-step decode "
+                                                "lookahead (same output, faster). Default from the config."),
     fmt: str = typer.Option("wav", "--format", help="Audio format: wav or flac."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="Print nothing but errors."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace results already in the output folder."),
@@ -60,7 +62,7 @@ def generate(
                            repetition_penalty=repetition_penalty, ras_win_len=ras_win_len,
                            ras_win_max_num_repeat=ras_win_max_num_repeat, suppress_tokens=suppress,
                            max_new_frames=max_new_frames, min_new_frames=min_new_frames, deterministic=deterministic,
-                           raw_logprobs=raw_logprobs, fmt=fmt, quiet=quiet, overwrite=overwrite)
+                           raw_logprobs=raw_logprobs, async_decode=async_decode, fmt=fmt, quiet=quiet, overwrite=overwrite)
     summary = _run(lambda: run_generate(opts))
     if summary.interrupted:
         raise typer.Exit(130)

@@ -121,10 +121,6 @@ def load_config(spec: str | Path | None) -> ModelConfig:
         if key in raw and raw[key] < 1:
             raise ConfigError(path, key, f"must be >= 1, got {raw[key]}")
 
-    if raw.get("async_decode"):
-        # The key is part of the config schema; the lookahead path is not built yet.
-        raise ConfigError(path, "async_decode", "async decode is not available in this version; set it to false")
-
     sampling = SamplingParams()
     for key, value in (raw.get("sampling") or {}).items():
         if key not in FIELD_NAMES:

@@ -23,6 +23,7 @@ from omni_cli.errors import OmniError, RowError
 from omni_cli.params import FIELD_NAMES
 from omni_cli.output import OutputWriter, check_out_dir, write_run_json
 from omni_cli.progress import Progress
+from omni_cli.loop import run_loop
 from omni_cli.prompts import read_prompts
 from omni_cli.scheduler import Request, Scheduler
 from omni_cli.seeds import row_seed
@@ -49,6 +50,7 @@ class GenerateOptions:
     max_new_frames: int | None = None
     min_new_frames: int | None = None
     deterministic: bool | None = None
+    async_decode: bool | None = None
     raw_logprobs: bool = False
     fmt: str = "wav"
     quiet: bool = False
@@ -87,6 +89,8 @@ def run_generate(opts: GenerateOptions) -> RunSummary:
         config = replace(config, max_batch_size=opts.max_batch_size)
     if opts.deterministic is not None:
         config = replace(config, deterministic=opts.deterministic)
+    if opts.async_decode is not None:
+        config = replace(config, async_decode=opts.async_decode)
     base_params = config.sampling
     for name in FIELD_NAMES:
         value = getattr(opts, name)
@@ -150,23 +154,22 @@ def run_generate(opts: GenerateOptions) -> RunSummary:
             by_rid[r.id] = (r, req)
             by_system[r.id] = system
 
+        def finished(req: Request) -> None:
+            nonlocal ok
+            row, _ = by_rid[req.rid]
+            record = _write_request(writer, runner, row, req, by_system[req.rid])
+            ok += 1
+            progress.row_done(record["duration_s"], ok=True)
+
+        def stepped(rows: int, loop_stats) -> None:
+            progress.step(rows, runner.async_query_hit, runner.async_query_miss, loop_stats.sync_routed)
+
         try:
-            while scheduler.has_work():
-                so = scheduler.schedule()
-                out = runner.execute(so)
-                progress.step(len(so.requests))
-                for req in so.requests:
-                    reason = out.outputs[req.rid].finish_reason
-                    if reason is None:
-                        continue
-                    scheduler.finish(req, reason)
-                    row, _ = by_rid[req.rid]
-                    record = _write_request(writer, runner, row, req, by_system[req.rid])
-                    ok += 1
-                    progress.row_done(record["duration_s"], ok=True)
+            stats = run_loop(scheduler, runner, finished, stepped, config.async_decode)
         except KeyboardInterrupt:
             # what is complete is on disk already; account for the rest
             interrupted = True
+            stats = None
             for rid, (row, req) in by_rid.items():
                 if req.finish_reason is None:
                     writer.write_failed(row.row, rid, row.text, "interrupted before it finished", status="interrupted")
@@ -182,9 +185,24 @@ def run_generate(opts: GenerateOptions) -> RunSummary:
         "totals": {"rows": len(rows), "ok": ok, "failed": failed, "interrupted": interrupted,
                    "frames": progress.frames, "audio_s": round(progress.audio_s, 3)},
         "timings": {"load_s": round(t_loaded - t0, 3), "generate_s": round(t_end - t_loaded, 3),
-                    "wall_s": round(t_end - t0, 3), "frames_per_s": round(fps, 2), "audio_s_per_s": round(asps, 3)},
+                    "wall_s": round(t_end - t0, 3), "frames_per_s": round(fps, 2), "audio_s_per_s": round(asps, 3),
+                    "step_ms": stats.percentiles() if stats else {}},
+        "async_decode": {"enabled": config.async_decode, "query_hits": runner.async_query_hit,
+                         "query_misses": runner.async_query_miss,
+                         "sync_routed_steps": stats.sync_routed if stats else 0},
     })
+    if not opts.quiet:
+        progress.print_line(_async_summary(config.async_decode, runner, stats))
     return RunSummary(total=len(rows), ok=ok, failed=failed, interrupted=interrupted)
+
+
+def _async_summary(enabled: bool, runner, stats) -> str:
+    if not enabled:
+        return "omni: async decode off (synchronous steps)"
+    hits, misses = runner.async_query_hit, runner.async_query_miss
+    rate = f"{100 * hits / (hits + misses):.1f}%" if hits + misses else "n/a"
+    routed = stats.sync_routed if stats else 0
+    return f"omni: async decode on: query hit rate {rate} ({hits} hits, {misses} misses), {routed} steps routed to sync"
 
 
 def _write_request(writer: OutputWriter, runner, row, req: Request, system: str) -> dict:

@@ -24,6 +24,7 @@ class Progress:
         self.failed = 0
         self.frames = 0
         self.audio_s = 0.0
+        self.hits = self.misses = self.sync_routed = 0
         self.start = time.perf_counter()
         self._console = Console(stderr=True)
         self._live: Live | None = None
@@ -47,9 +48,13 @@ class Progress:
         elif not self.quiet:
             print(f"omni: {self.summary()}", file=sys.stderr, flush=True)
 
-    def step(self, frames: int) -> None:
+    def step(self, frames: int, hits: int = 0, misses: int = 0, sync_routed: int = 0) -> None:
         self.frames += frames
+        self.hits, self.misses, self.sync_routed = hits, misses, sync_routed
         self._maybe_draw()
+
+    def print_line(self, text: str) -> None:
+        self._console.print(text, highlight=False)
 
     def row_done(self, audio_s: float, ok: bool) -> None:
         self.done += 1
@@ -81,4 +86,8 @@ class Progress:
         t.add_row("audio-s/s", f"{asps:,.2f}")
         t.add_row("elapsed", f"{elapsed:.1f}s")
         t.add_row("ETA", "-" if eta != eta else f"{eta:.1f}s")
+        if self.hits + self.misses:
+            rate = 100 * self.hits / (self.hits + self.misses)
+            t.add_row("async hit rate", f"{rate:.1f}% ({self.hits}/{self.hits + self.misses}), "
+                      f"{self.sync_routed} steps routed to sync")
         return t

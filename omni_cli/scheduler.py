@@ -42,16 +42,13 @@ class Request:
     logprobs: list[np.ndarray] = field(default_factory=list)
     raw_logprobs: list[np.ndarray] = field(default_factory=list)  # with --raw-logprobs
     finish_reason: str | None = None  # "stop" | "length"
+    # frames whose step has been scheduled; runs ahead of len(frames) by the
+    # steps launched on the device but not yet resolved on the host
+    num_scheduled: int = 0
 
     @property
     def generation_steps(self) -> int:
         return len(self.frames)
-
-    @property
-    def seq_len(self) -> int:
-        """Tokens in this request's KV slot after its last forward."""
-        # the newest frame has been sampled but not yet fed back
-        return len(self.prompt_ids) + max(self.generation_steps - 1, 0)
 
     def kv_tokens_needed(self) -> int:
         """Worst-case KV positions: the prompt plus every frame but the last."""
@@ -62,6 +59,7 @@ class Request:
 class SchedulerOutput:
     is_prefill: bool
     requests: list[Request]  # row order of this step's batch
+    steps: list[int]  # per row: index of the frame this step samples (0 = the prefill's)
 
 
 class SlotPool:
@@ -111,7 +109,12 @@ class Scheduler:
         return bool(self.waiting or self.running)
 
     def schedule(self) -> SchedulerOutput | None:
-        """Prefill new requests while slots are free, else decode every running one."""
+        """Prefill new requests while slots are free, else decode the running ones.
+
+        A running request whose frames up to max_new_frames are all scheduled
+        is left out: it only waits for its last step to be resolved. None when
+        nothing can run now.
+        """
         admitted: list[Request] = []
         tokens = 0
         while self.waiting and self.slots.num_free > 0:
@@ -125,10 +128,16 @@ class Scheduler:
             admitted.append(nxt)
         if admitted:
             self.running.extend(admitted)
-            return SchedulerOutput(is_prefill=True, requests=admitted)
-        if self.running:
-            return SchedulerOutput(is_prefill=False, requests=list(self.running))
-        return None
+            return self._output(True, admitted)
+        ready = [r for r in self.running if r.num_scheduled < r.params.max_new_frames]
+        return self._output(False, ready) if ready else None
+
+    @staticmethod
+    def _output(is_prefill: bool, reqs: list[Request]) -> SchedulerOutput:
+        steps = [r.num_scheduled for r in reqs]
+        for r in reqs:
+            r.num_scheduled += 1
+        return SchedulerOutput(is_prefill=is_prefill, requests=reqs, steps=steps)
 
     def finish(self, req: Request, reason: str) -> None:
         """Retire a running request and free its slot (exactly once)."""

@@ -1,5 +1,8 @@
 """The model runner: one scheduler step in, one ModelRunnerOutput out.
 
+Two ways to run a decode step: ``execute`` (synchronous) and the one-step
+lookahead ``execute_launch`` / ``execute_resolve`` (async decode; see below).
+
 ``execute`` is the synchronous pipeline every model family shares:
   1. the engine builds the forward batch (nothing to run -> empty output);
   2. ``before_prefill`` / ``before_decode`` set model inputs and device state;
@@ -11,6 +14,17 @@
 Shared logit processing lives here too, after the model's ``process_logits``:
 repetition penalty over each request's earlier output, suppress tokens, then
 the seeded draw and the logprob of the sampled token.
+
+Async decode: ``execute_launch`` enqueues a decode step (forward, sampling,
+the model's device-side publish in ``post_decode_launch``, which also starts
+the copy of what the host needs into pinned staging) and records an event;
+the caller holds the returned _PendingStep and, after launching the next
+step, passes it to ``execute_resolve``, which counts an event-query hit or
+waits (a miss), lets ``post_decode_resolve`` read the staging, and finalizes.
+Host staging alternates between two buffers: resolve(N) reads one while
+launch(N+1)'s copy fills the other (one stream orders device work, but not a
+CPU read against a later device write). Requests that finished while a step
+was in flight get nothing from it: their rows are dropped.
 
 Rows: a request contributes ``num_streams`` distributions per step (Higgs: 8
 codebooks), each over ``vocab_size`` entries. Per-request sampling parameters
@@ -26,6 +40,7 @@ import numpy as np
 import torch
 
 from omni_cli.seeds import derive_seed
+from runners.device import host_buffer, new_event
 from runners.engine import Engine, ForwardBatch
 from runners.sampling import (
     apply_repetition_penalty,
@@ -69,6 +84,18 @@ class StepCollect:
     stopped: bool
 
 
+@dataclass
+class _PendingStep:
+    """A decode step launched on the device and not yet consumed on the host."""
+
+    event: object  # recorded right after post_decode_launch published the step
+    launch_buf: object  # what post_decode_launch returned: host staging or a device snapshot
+    scheduler_output: object
+    forward_batch: ForwardBatch
+    batch_result: BatchResult
+    n_real: int  # rows that are real requests
+
+
 # per-slot sampling tables: name -> (dtype, value of a request)
 _SLOT_PARAMS = {
     "temperature": (torch.float32, lambda r: r.params.temperature),
@@ -94,6 +121,7 @@ class ModelRunner:
                  raw_logprobs: bool = False):
         self.engine = engine
         self.device = device
+        self.num_slots = num_slots
         self.raw_logprobs = raw_logprobs  # also report the unprocessed model logprobs
         s, c, v = num_slots, self.num_streams, self.vocab_size
         self.slot_gpu = {name: torch.zeros(s, dtype=dt, device=device) for name, (dt, _) in _SLOT_PARAMS.items()}
@@ -102,6 +130,11 @@ class ModelRunner:
         self.history_gpu = torch.full((s, c, max_seq_len), -1, dtype=torch.int64, device=device)
         self._ras_excluded_gpu = torch.zeros(v, dtype=torch.bool, device=device)
         self._ras_excluded_gpu[list(self.ras_excluded_tokens)] = True
+        # async decode: two host staging buffers in ping-pong, and the counters
+        self._host_staging: list[torch.Tensor] = []
+        self._staging_slot = 0
+        self.async_query_hit = 0
+        self.async_query_miss = 0
 
     # ---- hooks (model families override) ---------------------------------
     def before_prefill(self, fb: ForwardBatch, requests) -> None:
@@ -133,6 +166,29 @@ class ModelRunner:
         """Output processor: per request, this step's collected values."""
         raise NotImplementedError
 
+    def lookahead_eligible(self, scheduler_output) -> bool:
+        """False sends a decode batch down the synchronous path (its collect needs host-side history)."""
+        return True
+
+    def post_decode_launch(self, result: BatchResult, fb: ForwardBatch, requests):
+        """Device half of post_decode: publish the step; return what resolve will read."""
+        raise NotImplementedError(
+            f"{type(self).__name__} does not support async decode: it needs post_decode_launch and "
+            "post_decode_resolve (its synchronous post_decode reads buffers the next launch overwrites)"
+        )
+
+    def post_decode_resolve(self, launch_buf, result: BatchResult, fb: ForwardBatch, requests) -> None:
+        """Host half of post_decode: read ``launch_buf`` into ``result.host``."""
+        raise NotImplementedError(f"{type(self).__name__} does not support async decode")
+
+    def next_host_staging(self, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+        """One of two host staging buffers, alternating per call (allocated on first use)."""
+        if not self._host_staging:
+            self._host_staging = [host_buffer(shape, dtype, self.device) for _ in range(2)]
+        buf = self._host_staging[self._staging_slot]
+        self._staging_slot ^= 1
+        return buf
+
     # ---- the pipeline ----------------------------------------------------
     def execute(self, scheduler_output) -> ModelRunnerOutput:
         fb = self.engine.build_forward_batch(scheduler_output)
@@ -156,6 +212,39 @@ class ModelRunner:
         else:
             self.post_decode(result, fb, requests)
         return self._finalize(result, fb, requests)
+
+    def execute_launch(self, scheduler_output) -> _PendingStep | None:
+        """Enqueue a decode step and return its pending record; does not wait for the device."""
+        fb = self.engine.build_forward_batch(scheduler_output)
+        if fb is None:
+            return None
+        if fb.is_prefill:
+            raise ValueError("the async lookahead launches decode steps only")
+        requests = scheduler_output.requests
+        self.before_decode(fb, requests)
+        logits = self.custom_decode_forward(fb, requests)
+        result = BatchResult(logits_gpu=self.engine.forward(fb) if logits is None else logits)
+        self._sample(result, fb, requests)
+        launch_buf = self.post_decode_launch(result, fb, requests)
+        event = new_event(self.device)
+        event.record()  # after the publish: query() true means launch_buf is ready
+        return _PendingStep(event=event, launch_buf=launch_buf, scheduler_output=scheduler_output,
+                            forward_batch=fb, batch_result=result, n_real=len(requests))
+
+    def execute_resolve(self, pending: _PendingStep | None) -> ModelRunnerOutput | None:
+        """Consume a launched step: wait on its event, collect, finalize."""
+        if pending is None:
+            return None
+        if pending.event.query():
+            self.async_query_hit += 1
+        else:
+            pending.event.synchronize()
+            self.async_query_miss += 1
+        requests = pending.scheduler_output.requests
+        # requests that finished while this step was in flight: drop their rows
+        skip = {r.rid for r in requests if r.finish_reason is not None}
+        self.post_decode_resolve(pending.launch_buf, pending.batch_result, pending.forward_batch, requests)
+        return self._finalize(pending.batch_result, pending.forward_batch, requests, skip)
 
     def _install_requests(self, fb: ForwardBatch, requests) -> None:
         """Write each new request's sampling parameters into its slot's tables."""
@@ -217,12 +306,14 @@ class ModelRunner:
         logprobs = torch.where(redo, raw.gather(1, redraw[:, None])[:, 0], logprobs)
         return tokens, logprobs
 
-    def _finalize(self, result: BatchResult, fb: ForwardBatch, requests) -> ModelRunnerOutput:
+    def _finalize(self, result: BatchResult, fb: ForwardBatch, requests, skip: set[str] = frozenset()) -> ModelRunnerOutput:
         if result.next_token_ids_gpu is None:
             self._sample(result, fb, requests)
         collected = self.collect_outputs(result, fb, requests)
         outputs: dict[str, RequestOutput] = {}
         for req, got in zip(requests, collected):
+            if req.rid in skip:
+                continue
             req.frames.append(got.tokens)
             req.logprobs.append(got.logprobs)
             if got.raw_logprobs is not None:
@@ -234,5 +325,5 @@ class ModelRunner:
             else:
                 reason = None
             outputs[req.rid] = RequestOutput(tokens=got.tokens, logprobs=got.logprobs, finish_reason=reason)
-        rids = [r.rid for r in requests]
+        rids = [r.rid for r in requests if r.rid not in skip]
         return ModelRunnerOutput(outputs=outputs, req_ids=rids, req_id_to_index={r: i for i, r in enumerate(rids)})

@@ -74,8 +74,8 @@ class Engine:
             model_inputs = {"input_ids": self._tensor(ids)}
             kv_len = t
         else:
-            # the newest frame is fed at position seq_len (its KV slot index)
-            pos = [r.seq_len for r in reqs]
+            # frame s-1 is fed at position prompt_len + s - 1 to sample frame s
+            pos = [len(r.prompt_ids) + s - 1 for r, s in zip(reqs, scheduler_output.steps)]
             lens = [p + 1 for p in pos]
             kv_len = max(lens)
             positions = [[p] for p in pos]
@@ -91,7 +91,7 @@ class Engine:
             mask_gpu=mask[:, None].to(self.device, non_blocking=True),
             kv_len=kv_len,
         )
-        steps = [r.generation_steps for r in reqs]
+        steps = list(scheduler_output.steps)
         return ForwardBatch(
             is_prefill=scheduler_output.is_prefill,
             rids=[r.rid for r in reqs],

@@ -94,19 +94,34 @@ class HiggsRunner(ModelRunner):
         self.eos_delay_gpu[s] = eos
         return scores.masked_fill((eos <= 0)[..., None] & self._not_eos_gpu, float("-inf"))
 
-    def _collect(self, result: BatchResult, fb: ForwardBatch, requests) -> None:
+    def _publish(self, result: BatchResult, fb: ForwardBatch) -> torch.Tensor:
+        """Device half of the collect: advance the slots' state; return the payload for the host.
+
+        The payload packs codes (exact in float32, < 2^24), logprobs, the stop
+        flag [, raw logprobs] -> [B, 2C + 1 (+ C)] float32, one copy per step.
+        """
         tokens = result.next_token_ids_gpu  # [B, C]
         s = fb.slots_gpu
-        self.last_codes_gpu[s] = tokens
+        self.last_codes_gpu[s] = tokens  # the next step's input stays on the device
         is_eos = tokens == self.cfg.audio_stream_eos_id
         self.delay_started_gpu[s] = self.delay_started_gpu[s] | is_eos.any(dim=-1)
-        stop = is_eos.all(dim=-1)
-        # one packed device->host copy per step: codes (exact in float32, < 2^24),
-        # logprobs, stop flag [, raw logprobs] -> [B, 2C + 1 (+ C)]
-        parts = [tokens.float(), result.logprobs_gpu, stop.float()[:, None]]
+        parts = [tokens.float(), result.logprobs_gpu, is_eos.all(dim=-1).float()[:, None]]
         if result.raw_logprobs_gpu is not None:
             parts.append(result.raw_logprobs_gpu)
-        result.host = torch.cat(parts, dim=1).cpu().numpy()
+        return torch.cat(parts, dim=1)
+
+    def _collect(self, result: BatchResult, fb: ForwardBatch, requests) -> None:
+        result.host = self._publish(result, fb).cpu().numpy()
+
+    def post_decode_launch(self, result: BatchResult, fb: ForwardBatch, requests) -> torch.Tensor:
+        payload = self._publish(result, fb)
+        staging = self.next_host_staging((self.num_slots, payload.shape[1]), payload.dtype)
+        staging[: fb.batch_size].copy_(payload, non_blocking=True)
+        return staging
+
+    def post_decode_resolve(self, launch_buf: torch.Tensor, result: BatchResult, fb: ForwardBatch, requests) -> None:
+        # copy out: the buffer is refilled by the launch after next
+        result.host = launch_buf[: fb.batch_size].numpy().copy()
 
     post_prefill = _collect
     post_decode = _collect

@@ -1,0 +1,84 @@
+"""The generation loop: scheduler steps through the runner, sync or with lookahead.
+
+Async decode (one-step lookahead), launch first: decode step N+1 is enqueued
+on the device before step N is resolved on the host, so the host's collect,
+bookkeeping and file writing hide behind the device's forward. At most one
+step is pending. A prefill, or a decode batch the runner declares ineligible,
+runs synchronously after the pending step is resolved (a drain); so does the
+end of the input and the moment no decode step can be built.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+import numpy as np
+
+from omni_cli.scheduler import Request, Scheduler
+
+
+@dataclass
+class LoopStats:
+    async_decode: bool
+    steps: int = 0
+    sync_routed: int = 0  # decode steps sent down the sync path by lookahead_eligible
+    step_ms: list[float] = field(default_factory=list)  # host time per decode iteration
+
+    def percentiles(self) -> dict[str, float]:
+        if not self.step_ms:
+            return {}
+        a = np.asarray(self.step_ms)
+        return {f"p{q}": round(float(np.percentile(a, q)), 3) for q in (50, 90, 99)}
+
+
+def run_loop(scheduler: Scheduler, runner, on_finished: Callable[[Request], None],
+             on_step: Callable[[int, LoopStats], None], async_decode: bool) -> LoopStats:
+    """Drive until every request has finished; calls on_finished(req) as each one does."""
+    stats = LoopStats(async_decode=async_decode)
+    pending = None
+
+    def handle(so_requests, out) -> None:
+        on_step(len(out.req_ids), stats)
+        for req in so_requests:
+            got = out.outputs.get(req.rid)
+            if got is not None and got.finish_reason is not None:
+                scheduler.finish(req, got.finish_reason)
+                on_finished(req)
+
+    def resolve() -> None:
+        nonlocal pending
+        if pending is not None:
+            p, pending = pending, None
+            handle(p.scheduler_output.requests, runner.execute_resolve(p))
+
+    try:
+        while scheduler.has_work() or pending is not None:
+            t0 = time.perf_counter()
+            so = scheduler.schedule()
+            if so is None:  # every running request waits on the pending step
+                resolve()
+                continue
+            stats.steps += 1
+            lookahead = async_decode and not so.is_prefill
+            if lookahead and not runner.lookahead_eligible(so):
+                stats.sync_routed += 1
+                lookahead = False
+            if lookahead:
+                launched = runner.execute_launch(so)  # step N+1 first ...
+                resolve()  # ... then step N
+                pending = launched
+            else:
+                resolve()  # drain
+                handle(so.requests, runner.execute(so))
+            if not so.is_prefill:
+                stats.step_ms.append((time.perf_counter() - t0) * 1e3)
+    finally:
+        # on Ctrl-C or an error: the pending step's completed rows still count
+        if pending is not None:
+            try:
+                resolve()
+            except Exception:  # noqa: BLE001  (the original exception is the one to report)
+                pass
+    return stats

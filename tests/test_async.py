@@ -1,0 +1,222 @@
+"""Async decode (one-step lookahead) against the synchronous path, on the CPU.
+
+On the CPU an event is complete once recorded, so every launch/resolve,
+staging and skip path runs here exactly as on a GPU, minus the waiting.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import replace
+
+import numpy as np
+import pytest
+import torch
+
+from omni_cli.config import load_config
+from omni_cli.loop import run_loop
+from omni_cli.params import SamplingParams
+from omni_cli.scheduler import Request, Scheduler
+from runners.base import ModelRunner
+from tests.conftest import read_manifest, run_cli, write_config, write_jsonl
+
+TEXTS = ["Hi.", "The sun rises in the east.", "A longer sentence, to make this prompt longer than the rest.",
+         "Medium length prompt!", "Five.", "Sixth row of the batch here.", "Seven", "Eighth and last prompt.",
+         "Ninth.", "Tenth row, which joins late."]
+
+
+def _gen(tmp_path, name, cfg, *args):
+    prompts = write_jsonl(tmp_path / "p.jsonl", [{"id": f"r{i}", "text": t} for i, t in enumerate(TEXTS)])
+    out = tmp_path / name
+    res = run_cli("generate", prompts, "-o", out, "--model", cfg, "-q", "--max-new-frames", "70", *args)
+    assert res.exit_code == 0, res.output
+    return out
+
+
+def _bytes(out):
+    return {m["id"]: ((out / m["file_name"]).read_bytes(), (out / m["logprobs_file"]).read_bytes())
+            for m in read_manifest(out)}
+
+
+@pytest.mark.parametrize("batch", [1, 2, 3, 5, 8])
+@pytest.mark.parametrize("sampling", [["--temperature", "0"], ["--seed", "7", "--ras-win-len", "5"]],
+                         ids=["greedy", "seeded"])
+def test_async_byte_identical_to_sync(tmp_path, eos_ckpt, batch, sampling):
+    """Staggered stops (the EOS-pushed checkpoint) and 10 rows through fewer slots (joins mid-run)."""
+    cfg = write_config(tmp_path / "m.yaml", eos_ckpt, max_seq_len=256)
+    common = ["--max-batch-size", str(batch), "--deterministic", *sampling]
+    sync = _gen(tmp_path, "sync", cfg, "--no-async-decode", *common)
+    lookahead = _gen(tmp_path, "async", cfg, "--async-decode", *common)
+    reasons = [m["finish_reason"] for m in read_manifest(sync)]
+    assert "stop" in reasons and len({m["frames"] for m in read_manifest(sync)}) > 3
+    assert _bytes(lookahead) == _bytes(sync)
+
+
+def test_default_mode_async_keeps_codes_and_audio(tmp_path, eos_ckpt):
+    """Without --deterministic the lookahead changes which rows share a step, so
+    logprobs may differ in the last bits; codes and audio stay equal."""
+    cfg = write_config(tmp_path / "m.yaml", eos_ckpt, max_seq_len=256)
+    sync = _gen(tmp_path, "sync", cfg, "--no-async-decode", "--seed", "3", "--max-batch-size", "4")
+    lookahead = _gen(tmp_path, "async", cfg, "--async-decode", "--seed", "3", "--max-batch-size", "4")
+    for m in read_manifest(sync):
+        a, b = np.load(sync / m["logprobs_file"]), np.load(lookahead / m["logprobs_file"])
+        np.testing.assert_array_equal(a["tokens"], b["tokens"])
+        np.testing.assert_allclose(a["logprobs"], b["logprobs"], atol=1e-4)
+        assert (sync / m["file_name"]).read_bytes() == (lookahead / m["file_name"]).read_bytes()
+
+
+def _tiny_runner(ckpt, tmp_path, max_batch_size=4, deterministic=True):
+    from runners.higgs_audio_v2 import build
+
+    config = replace(load_config(write_config(tmp_path / "r.yaml", ckpt, max_seq_len=256)),
+                     max_batch_size=max_batch_size, deterministic=deterministic)
+    runner, prompts = build(config, torch.float32, torch.device("cpu"))
+    return runner, prompts, config
+
+
+class FakeEvent:
+    """query() answers from a script; synchronize() is recorded."""
+
+    def __init__(self, answers):
+        self.answers = answers
+        self.synced = False
+
+    def record(self):
+        pass
+
+    def query(self):
+        return self.answers.pop(0)
+
+    def synchronize(self):
+        self.synced = True
+
+
+def test_hit_miss_accounting_and_ping_pong(tmp_path, eos_ckpt, monkeypatch):
+    import runners.base as base
+
+    runner, prompts, config = _tiny_runner(eos_ckpt, tmp_path)
+    sched = Scheduler(4, 256)
+    for i in range(3):
+        sched.add(Request(rid=f"r{i}", prompt_ids=prompts.build(TEXTS[i], config.system_prompt, None),
+                          params=SamplingParams(temperature=0, max_new_frames=20), seed=i))
+    runner.execute(sched.schedule())  # prefill
+    events = iter([FakeEvent([True]), FakeEvent([False]), FakeEvent([False])])
+    monkeypatch.setattr(base, "new_event", lambda device: next(events))
+    p1 = runner.execute_launch(sched.schedule())
+    p2 = runner.execute_launch(sched.schedule())
+    assert p1.launch_buf is not p2.launch_buf  # ping-pong: launch N+1 writes the other buffer
+    runner.execute_resolve(p1)
+    assert (runner.async_query_hit, runner.async_query_miss) == (1, 0) and not p1.event.synced
+    p3 = runner.execute_launch(sched.schedule())
+    assert p3.launch_buf is p1.launch_buf  # the buffer resolve(N) read is reused by launch(N+2)
+    runner.execute_resolve(p2)
+    assert (runner.async_query_hit, runner.async_query_miss) == (1, 1) and p2.event.synced
+    runner.execute_resolve(p3)
+    assert runner.async_query_miss == 2
+    assert runner.execute_resolve(None) is None
+
+
+def test_a_runner_without_the_async_hooks_says_so(tmp_path, eos_ckpt):
+    runner, prompts, config = _tiny_runner(eos_ckpt, tmp_path)
+
+    class NoAsync(type(runner)):
+        post_decode_launch = ModelRunner.post_decode_launch
+
+    runner.__class__ = NoAsync
+    sched = Scheduler(4, 256)
+    sched.add(Request(rid="a", prompt_ids=prompts.build("x", config.system_prompt, None),
+                      params=SamplingParams(max_new_frames=5), seed=0))
+    runner.execute(sched.schedule())
+    with pytest.raises(NotImplementedError, match="does not support async decode"):
+        runner.execute_launch(sched.schedule())
+
+
+@pytest.fixture(scope="module")
+def early_eos_ckpt(tmp_path_factory):
+    """Pushed harder than eos_ckpt: rows stop within about 20 frames."""
+    from tests.tiny_checkpoint import build
+
+    return build(tmp_path_factory.mktemp("early-eos"), seed=0, eos_boost=(6, 1.2))
+
+
+def test_thousand_random_requests_free_every_slot_once(tmp_path, early_eos_ckpt):
+    """Random lengths, limits and stops; lookahead steps of finished requests are dropped."""
+    runner, prompts, config = _tiny_runner(early_eos_ckpt, tmp_path, max_batch_size=6, deterministic=False)
+    rng = random.Random(0)
+    sched = Scheduler(6, 256)
+    # prompts cost a tokenizer call each: reuse a few
+    ids = [prompts.build(t, config.system_prompt, None) for t in TEXTS[:4]]
+    reqs = []
+    for i in range(1000):
+        n = rng.randint(1, 24)
+        p = SamplingParams(temperature=rng.choice([0.0, 1.0]), max_new_frames=n, min_new_frames=rng.randint(0, n))
+        reqs.append(Request(rid=f"q{i}", prompt_ids=ids[i % 4], params=p, seed=i))
+        sched.add(reqs[-1])
+    finished = []
+    freed = []
+    real_free = sched.slots.free
+    sched.slots.free = lambda slot: (freed.append(slot), real_free(slot))[1]
+    stats = run_loop(sched, runner, finished.append, lambda rows, st: None, async_decode=True)
+    assert len(finished) == 1000 and len({r.rid for r in finished}) == 1000
+    assert len(freed) == 1000 and sched.slots.num_free == 6 and not sched.running
+    stops = 0
+    for r in reqs:
+        tokens = np.stack(r.frames)
+        assert len(tokens) <= r.params.max_new_frames
+        all_eos = (tokens == 1025).all(axis=1)
+        if r.finish_reason == "stop":
+            stops += 1
+            # the stop frame is the last one: the lookahead frame after it was dropped
+            assert all_eos[-1] and not all_eos[:-1].any()
+        else:
+            assert r.finish_reason == "length" and len(tokens) == r.params.max_new_frames and not all_eos.any()
+    assert stops > 50  # the EOS-pushed checkpoint really stops rows mid-lookahead
+    assert runner.async_query_hit > 1000 and runner.async_query_miss == 0  # CPU events: always complete
+    assert stats.sync_routed == 0
+
+
+def test_ineligible_batches_take_the_sync_path(tmp_path, eos_ckpt):
+    runner, prompts, config = _tiny_runner(eos_ckpt, tmp_path)
+    calls = []
+    runner.lookahead_eligible = lambda so: calls.append(1) or len(calls) % 3 != 0
+    outs = {}
+    for async_decode in (False, True):
+        sched = Scheduler(4, 256)
+        reqs = [Request(rid=f"r{i}", prompt_ids=prompts.build(t, config.system_prompt, None),
+                        params=SamplingParams(temperature=1.0, max_new_frames=30), seed=i)
+                for i, t in enumerate(TEXTS[:6])]
+        for r in reqs:
+            sched.add(r)
+        stats = run_loop(sched, runner, lambda r: None, lambda rows, st: None, async_decode=async_decode)
+        outs[async_decode] = ({r.rid: np.stack(r.frames) for r in reqs}, {r.rid: np.stack(r.logprobs) for r in reqs})
+    assert stats.sync_routed > 5
+    for rid in outs[False][0]:
+        np.testing.assert_array_equal(outs[True][0][rid], outs[False][0][rid])
+        np.testing.assert_array_equal(outs[True][1][rid], outs[False][1][rid])
+
+
+def test_ctrl_c_writes_what_is_complete(tmp_path, monkeypatch):
+    from omni_cli import progress
+
+    calls = {"n": 0}
+    real_step = progress.Progress.step
+
+    def step(self, *a, **k):
+        calls["n"] += 1
+        if calls["n"] == 40:
+            raise KeyboardInterrupt
+        return real_step(self, *a, **k)
+
+    monkeypatch.setattr(progress.Progress, "step", step)
+    prompts = write_jsonl(tmp_path / "p.jsonl", [{"id": f"r{i}", "text": t, "max_new_frames": 5 + 6 * i}
+                                                 for i, t in enumerate(TEXTS)])
+    out = tmp_path / "out"
+    res = run_cli("generate", prompts, "-o", out, "-q", "--async-decode", "--max-batch-size", "3")
+    assert res.exit_code == 130
+    rows = read_manifest(out)
+    assert [r["id"] for r in rows] == [f"r{i}" for i in range(len(TEXTS))]  # every row accounted for
+    done = [r for r in rows if r["status"] == "ok"]
+    assert done and any(r["status"] == "interrupted" for r in rows)
+    for r in done:
+        assert np.load(out / r["logprobs_file"])["tokens"].shape == (r["frames"], 8)
+    assert not list(out.glob("**/.*partial*"))

@@ -28,7 +28,7 @@ from omni_cli.params import SamplingParams  # noqa: E402
 from omni_cli.scheduler import Request, Scheduler  # noqa: E402
 from runners.attention import KVCache  # noqa: E402
 from runners.engine import Engine  # noqa: E402
-from runners.higgs_audio_v2 import DET_ROWS  # noqa: E402
+from runners.higgs_audio_v2 import DETERMINISTIC_SHAPES  # noqa: E402
 from runners.higgs_audio_v2.codec import HiggsCodecDecoder  # noqa: E402
 from runners.higgs_audio_v2.runner import HiggsRunner  # noqa: E402
 
@@ -40,7 +40,7 @@ def run(model, codec, n_req: int, max_batch: int, frames: int, prompt_len: int, 
     cfg = model.cfg
     kv = KVCache(cfg.num_hidden_layers, max_batch + 1, cfg.num_key_value_heads, max_seq_len, cfg.head_dim,
                  torch.bfloat16, device)
-    engine = Engine(model, kv, device, deterministic=deterministic, det_rows=DET_ROWS[device.type])
+    engine = Engine(model, kv, device, DETERMINISTIC_SHAPES[device.type] if deterministic else None)
     runner = HiggsRunner(engine, cfg, codec, max_batch, max_seq_len, device)
     sched = Scheduler(max_batch, max_seq_len)
     params = SamplingParams(temperature=1.0, top_k=50, top_p=0.95, max_new_frames=frames, min_new_frames=frames)

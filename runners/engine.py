@@ -10,11 +10,13 @@ hooks); the engine decides how attention and the KV cache work.
 Deterministic mode makes each row's arithmetic independent of its batch-mates
 and of the batch size, so outputs are byte-identical however rows are
 batched: matmul and attention kernels pick their blocking (and so their
-rounding) from the shapes they see, so every shape is fixed, and attention
-uses SDPA's math backend (see AttentionContext.deterministic). Prefill runs one
-prompt at a time at its own length; decode runs in chunks of exactly
-``det_rows`` rows (padding rows use a spare KV slot that no request owns) and
-always attends over all ``max_seq_len`` key positions, masked.
+rounding) from the shapes they see, so every shape is fixed (FixedShapes), and
+attention is pinned to a kernel measured to be bit-stable (see
+AttentionContext.deterministic). Prefill pads each prompt to a length bucket
+that depends on its own length only and runs chunks of a fixed number of
+prompts of one bucket; decode runs chunks of a fixed number of rows and always
+attends over all ``max_seq_len`` key positions, masked. Padding rows use a
+spare KV slot that no request owns.
 """
 
 from __future__ import annotations
@@ -44,14 +46,26 @@ class ForwardBatch:
         return len(self.rids)
 
 
+@dataclass(frozen=True)
+class FixedShapes:
+    """The shapes deterministic mode runs at (constants per device type)."""
+
+    decode_rows: int  # rows per decode forward
+    prefill_rows: int  # prompts per prefill forward
+    prefill_bucket: int  # prompts are padded to a multiple of this many tokens
+
+
 class Engine:
-    def __init__(self, model: torch.nn.Module, kv: KVCache, device: torch.device, deterministic: bool = False,
-                 det_rows: int = 64):
+    def __init__(self, model: torch.nn.Module, kv: KVCache, device: torch.device,
+                 fixed_shapes: FixedShapes | None = None):
         self.model = model
         self.kv = kv  # deterministic mode: one slot more than requests can own (the padding rows' slot)
         self.device = device
-        self.deterministic = deterministic
-        self.det_rows = det_rows
+        self.fixed_shapes = fixed_shapes  # None: default mode (shapes follow the batch)
+
+    @property
+    def deterministic(self) -> bool:
+        return self.fixed_shapes is not None
 
     def _tensor(self, data, dtype=torch.int64) -> torch.Tensor:
         # host list -> device; a pinned host copy is not worth it at these sizes
@@ -118,27 +132,58 @@ class Engine:
         return self.model.compute_logits(hidden)
 
     def _forward_fixed_shapes(self, fb: ForwardBatch) -> torch.Tensor:
+        return self._prefill_fixed(fb) if fb.is_prefill else self._decode_fixed(fb)
+
+    def _pad_slot(self) -> int:
+        return self.kv.k_gpu.shape[1] - 1  # the spare slot no request owns
+
+    def _prefill_fixed(self, fb: ForwardBatch) -> torch.Tensor:
+        """Prompts grouped by length bucket, in chunks of exactly `prefill_rows` rows of bucket length."""
+        shapes, dev = self.fixed_shapes, self.device
+        rows = shapes.prefill_rows
+        groups: dict[int, list[int]] = {}
+        for i, n in enumerate(fb.lengths_cpu):  # the bucket depends on the prompt's own length only
+            t = min(-(-n // shapes.prefill_bucket) * shapes.prefill_bucket, self.kv.max_seq_len)
+            groups.setdefault(t, []).append(i)
+        out: list[torch.Tensor | None] = [None] * fb.batch_size
+        for t, members in groups.items():
+            ar = torch.arange(t)
+            for start in range(0, len(members), rows):
+                chunk = members[start: start + rows]
+                pad = rows - len(chunk)
+                lens = [fb.lengths_cpu[i] for i in chunk] + [1] * pad
+                idx = torch.tensor(chunk, device=dev)
+                valid = ar[None, :] < torch.tensor(lens)[:, None]
+                mask = ((ar[None, :, None] >= ar[None, None, :]) & valid[:, None, :])[:, None].to(dev)
+                attn = AttentionContext(
+                    kv=self.kv, is_prefill=True,
+                    slots_gpu=torch.cat([fb.slots_gpu[idx], torch.full((pad,), self._pad_slot(), device=dev)]),
+                    positions_gpu=ar.expand(rows, t).to(dev), mask_gpu=mask, kv_len=t, deterministic=True)
+                inputs = {}
+                for name, v in fb.model_inputs.items():
+                    x = v.new_zeros((rows, t, *v.shape[2:]))
+                    w = min(t, v.shape[1])
+                    x[: len(chunk), :w] = v[idx, :w]
+                    inputs[name] = x
+                hidden = self.model(attn, **inputs)
+                last = hidden[torch.arange(rows, device=dev), torch.tensor(lens, device=dev) - 1]
+                logits = self.model.compute_logits(last)  # the head at the fixed shape too
+                for j, i in enumerate(chunk):
+                    out[i] = logits[j]
+        return torch.stack(out)
+
+    def _decode_fixed(self, fb: ForwardBatch) -> torch.Tensor:
+        """Chunks of exactly `decode_rows` rows, attending over all max_seq_len positions (masked)."""
+        rows, k, dev = self.fixed_shapes.decode_rows, self.kv.max_seq_len, self.device
         out = []
-        if fb.is_prefill:
-            for i, n in enumerate(fb.lengths_cpu):  # one prompt at a time, at its own length
-                ar = torch.arange(n)
-                attn = AttentionContext(kv=self.kv, is_prefill=True, slots_gpu=fb.slots_gpu[i: i + 1],
-                                        positions_gpu=fb.positions_gpu[i: i + 1, :n],
-                                        mask_gpu=(ar[:, None] >= ar[None, :])[None, None].to(self.device), kv_len=n,
-                                        deterministic=True)
-                inputs = {k: v[i: i + 1, :n] for k, v in fb.model_inputs.items()}
-                out.append(self.model.compute_logits(self.model(attn, **inputs)[:, n - 1]))
-            return torch.cat(out)
-        rows, k = self.det_rows, self.kv.max_seq_len
-        pad_slot = self.kv.k_gpu.shape[1] - 1
         for start in range(0, fb.batch_size, rows):
             idx = slice(start, start + rows)
             m = len(fb.lengths_cpu[idx])
             pad = rows - m
             lens = fb.lengths_cpu[idx] + [1] * pad
-            slots = torch.cat([fb.slots_gpu[idx], torch.full((pad,), pad_slot, device=self.device)])
-            positions = torch.cat([fb.positions_gpu[idx], torch.zeros(pad, 1, dtype=torch.int64, device=self.device)])
-            mask = (torch.arange(k)[None, :] < torch.tensor(lens)[:, None])[:, None, None].to(self.device)
+            slots = torch.cat([fb.slots_gpu[idx], torch.full((pad,), self._pad_slot(), device=dev)])
+            positions = torch.cat([fb.positions_gpu[idx], torch.zeros(pad, 1, dtype=torch.int64, device=dev)])
+            mask = (torch.arange(k)[None, :] < torch.tensor(lens)[:, None])[:, None, None].to(dev)
             attn = AttentionContext(kv=self.kv, is_prefill=False, slots_gpu=slots, positions_gpu=positions,
                                     mask_gpu=mask, kv_len=k, deterministic=True)
             inputs = {name: torch.cat([v[idx], v.new_zeros((pad, *v.shape[1:]))]) for name, v in fb.model_inputs.items()}

@@ -39,3 +39,17 @@ def test_deterministic_bf16_cuda_is_batch_invariant(tmp_path):
         for m in read_manifest(out):
             for rel in (m["file_name"], m["logprobs_file"]):
                 assert (out / rel).read_bytes() == (base / rel).read_bytes(), (name, rel)
+
+
+def test_async_matches_sync_on_cuda_bf16(tmp_path, eos_ckpt):
+    cfg = write_config(tmp_path / "m.yaml", eos_ckpt, max_seq_len=256)
+    cfg.write_text(cfg.read_text().replace("dtype: float32", "dtype: bfloat16").replace("device: cpu", "device: cuda"))
+    rows = [{"id": f"r{i}", "text": t} for i, t in enumerate(TEXTS)]
+    outs = {}
+    for mode in ("--async-decode", "--no-async-decode"):
+        outs[mode] = _gen(tmp_path, mode.strip("-"), cfg, rows, "--seed", "5", "--max-batch-size", "3",
+                          "--deterministic", mode)
+    a, s = outs["--async-decode"], outs["--no-async-decode"]
+    for m in read_manifest(s):
+        for rel in (m["file_name"], m["logprobs_file"]):
+            assert (a / rel).read_bytes() == (s / rel).read_bytes(), rel

@@ -7,7 +7,7 @@ import torch
 from omni_cli.config import ModelConfig
 from runners.attention import KVCache
 from runners.checkpoint import load_into, read_safetensors, resolve_folder
-from runners.engine import Engine
+from runners.engine import Engine, FixedShapes
 from runners.higgs_audio_v2.codec import HiggsCodecDecoder
 from runners.higgs_audio_v2.config import HiggsConfig
 from runners.higgs_audio_v2.model import HiggsAudioV2LM
@@ -17,11 +17,13 @@ from runners.higgs_audio_v2.runner import HiggsRunner
 # present in released checkpoints, unused for generation (as in transformers,
 # which lists it in _keys_to_ignore_on_load_unexpected)
 IGNORED_KEYS = ("text_lm_head.weight",)
-# rows per decode forward in deterministic mode: a constant per device type, so
-# results do not depend on --max-batch-size. 64 fills an H200's decode well.
-# On the CPU, a row's result also depends on its place inside a GEMM (the
-# kernels' row tiles have remainder paths), so rows go one at a time there.
-DET_ROWS = {"cuda": 64, "cpu": 1}
+# Deterministic mode's shapes: constants per device type, so results do not
+# depend on --max-batch-size. On an H200, 64 decode rows fill a step well and a
+# row's bits were measured not to depend on its place in the chunk. On the CPU
+# they do (the GEMM kernels' row tiles have remainder paths), so there every
+# row and every prompt goes alone, at its own length.
+DETERMINISTIC_SHAPES = {"cuda": FixedShapes(decode_rows=64, prefill_rows=8, prefill_bucket=64),
+                        "cpu": FixedShapes(decode_rows=1, prefill_rows=1, prefill_bucket=1)}
 
 
 def build(config: ModelConfig, dtype: torch.dtype, device: torch.device,
@@ -35,7 +37,7 @@ def build(config: ModelConfig, dtype: torch.dtype, device: torch.device,
     # deterministic decode pads to fixed chunks; the padding rows write to one spare slot
     slots = config.max_batch_size + (1 if config.deterministic else 0)
     kv = KVCache(cfg.num_hidden_layers, slots, cfg.num_key_value_heads, config.max_seq_len, cfg.head_dim, dtype, device)
-    engine = Engine(model, kv, device, deterministic=config.deterministic, det_rows=DET_ROWS[device.type])
+    engine = Engine(model, kv, device, DETERMINISTIC_SHAPES[device.type] if config.deterministic else None)
     codec = HiggsCodecDecoder.load(codec_dir, dtype, device)
     runner = HiggsRunner(engine, cfg, codec, config.max_batch_size, config.max_seq_len, device, raw_logprobs)
     return runner, PromptBuilder(lm_dir, cfg.audio_bos_token_id)

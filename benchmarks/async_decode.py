@@ -37,8 +37,10 @@ TINY_CODEC = Path(__file__).resolve().parent.parent / "configs/tiny-higgs-audio-
 
 def run(model, codec, batch: int, frames: int, prompt_len: int, max_seq_len: int, async_decode: bool, device):
     cfg = model.cfg
-    kv = KVCache(cfg.num_hidden_layers, batch, cfg.num_key_value_heads, max_seq_len, cfg.head_dim, torch.bfloat16, device)
-    runner = HiggsRunner(Engine(model, kv, device), cfg, codec, batch, max_seq_len, device)
+    kv = KVCache(cfg.num_hidden_layers, batch + 1, cfg.num_key_value_heads, max_seq_len, cfg.head_dim, torch.bfloat16, device)
+    engine = Engine(model, kv, device)
+    engine.use_graphs()
+    runner = HiggsRunner(engine, cfg, codec, batch, max_seq_len, device)
     sched = Scheduler(batch, max_seq_len)
     params = SamplingParams(temperature=1.0, top_k=50, top_p=0.95, max_new_frames=frames, min_new_frames=frames)
     rng = np.random.default_rng(0)

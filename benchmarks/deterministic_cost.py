@@ -41,6 +41,7 @@ def run(model, codec, n_req: int, max_batch: int, frames: int, prompt_len: int, 
     kv = KVCache(cfg.num_hidden_layers, max_batch + 1, cfg.num_key_value_heads, max_seq_len, cfg.head_dim,
                  torch.bfloat16, device)
     engine = Engine(model, kv, device, DETERMINISTIC_SHAPES[device.type] if deterministic else None)
+    engine.use_graphs()
     runner = HiggsRunner(engine, cfg, codec, max_batch, max_seq_len, device)
     sched = Scheduler(max_batch, max_seq_len)
     params = SamplingParams(temperature=1.0, top_k=50, top_p=0.95, max_new_frames=frames, min_new_frames=frames)

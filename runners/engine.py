@@ -62,6 +62,15 @@ class Engine:
         self.kv = kv  # deterministic mode: one slot more than requests can own (the padding rows' slot)
         self.device = device
         self.fixed_shapes = fixed_shapes  # None: default mode (shapes follow the batch)
+        self.graphs = None  # DecodeGraphs: decode steps replay CUDA graphs (see use_graphs)
+
+    def use_graphs(self, capture: bool = True) -> None:
+        """Decode through DecodeGraphs (CUDA graphs when capture; the same padding eagerly otherwise)."""
+        from runners.cuda_graphs import DecodeGraphs
+
+        shapes = self.fixed_shapes
+        self.graphs = DecodeGraphs(self.model, self.kv, self.device, capture,
+                                   fixed_rows=shapes.decode_rows if shapes else None, fixed_kv=shapes is not None)
 
     @property
     def deterministic(self) -> bool:
@@ -121,6 +130,12 @@ class Engine:
 
     @torch.inference_mode()
     def forward(self, fb: ForwardBatch) -> torch.Tensor:
+        if self.graphs is not None and not fb.is_prefill:
+            rows = self.graphs.fixed_rows or fb.batch_size
+            return torch.cat([
+                self.graphs.run(fb.slots_gpu[i: i + rows], fb.positions_gpu[i: i + rows], fb.lengths_cpu[i: i + rows],
+                                {k: v[i: i + rows] for k, v in fb.model_inputs.items()}, self.deterministic)
+                for i in range(0, fb.batch_size, rows)])
         if self.deterministic:
             return self._forward_fixed_shapes(fb)
         hidden = self.model(fb.attn, **fb.model_inputs)  # [B, T, H]

@@ -50,3 +50,44 @@ def test_chunked_fixed_shapes_match_default_engine():
     for a, b in zip(results["default"], results["fixed"]):
         assert a.shape == b.shape
         torch.testing.assert_close(b, a, atol=1e-4, rtol=1e-4)
+
+
+def test_decode_graph_padding_matches_eager():
+    """DecodeGraphs' bucketing (rows to a power of two, keys to a length bucket,
+    padding on the spare slot), run eagerly on the CPU: the same logits as the
+    plain engine; and bit-identical to the eager fixed-shape path in deterministic mode."""
+    cfg = HiggsConfig.from_file(TINY / "model" / "config.json")
+    model = HiggsAudioV2LM(cfg, 512)
+    load_into(model, read_safetensors(TINY / "model"), TINY)
+    model = model.to_runtime(torch.device("cpu"), torch.float32)
+    g = torch.Generator().manual_seed(0)
+    prompts = [torch.randint(0, 250, (n,), generator=g).tolist() for n in (5, 40, 300, 12, 7)]
+    codes = [torch.randint(0, 1024, (5, 1, 8), generator=g) for _ in range(4)]
+
+    def run(shapes, graphs):
+        kv = KVCache(cfg.num_hidden_layers, 9, cfg.num_key_value_heads, 512, cfg.head_dim, torch.float32,
+                     torch.device("cpu"))
+        engine = Engine(model, kv, torch.device("cpu"), shapes)
+        if graphs:
+            engine.use_graphs(capture=False)
+        sched = Scheduler(8, 512)
+        for i, p in enumerate(prompts):
+            sched.add(Request(rid=f"r{i}", prompt_ids=p, params=SamplingParams(max_new_frames=10), seed=0))
+        engine.forward(engine.build_forward_batch(sched.schedule()))
+        outs = []
+        for c in codes:
+            fb = engine.build_forward_batch(sched.schedule())
+            fb.model_inputs["audio_codes"] = c
+            outs.append(engine.forward(fb))
+        return outs, engine
+
+    eager, _ = run(None, False)
+    padded, engine = run(None, True)
+    assert {key for key in engine.graphs._entries} == {(8, 512)}  # 5 rows -> 8; 300 + steps keys -> 512
+    for a, b in zip(eager, padded):
+        torch.testing.assert_close(b, a, atol=1e-4, rtol=1e-4)
+    shapes = FixedShapes(decode_rows=1, prefill_rows=1, prefill_bucket=1)
+    det_eager, _ = run(shapes, False)
+    det_padded, _ = run(shapes, True)
+    for a, b in zip(det_eager, det_padded):
+        assert torch.equal(a, b)

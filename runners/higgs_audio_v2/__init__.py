@@ -34,10 +34,12 @@ def build(config: ModelConfig, dtype: torch.dtype, device: torch.device,
     model = HiggsAudioV2LM(cfg, config.max_seq_len)
     load_into(model, read_safetensors(lm_dir), lm_dir, ignore=IGNORED_KEYS)
     model = model.to_runtime(device, dtype)
-    # deterministic decode pads to fixed chunks; the padding rows write to one spare slot
-    slots = config.max_batch_size + (1 if config.deterministic else 0)
-    kv = KVCache(cfg.num_hidden_layers, slots, cfg.num_key_value_heads, config.max_seq_len, cfg.head_dim, dtype, device)
+    # one spare slot for padding rows (deterministic chunks, CUDA-graph buckets) to write to
+    kv = KVCache(cfg.num_hidden_layers, config.max_batch_size + 1, cfg.num_key_value_heads, config.max_seq_len,
+                 cfg.head_dim, dtype, device)
     engine = Engine(model, kv, device, DETERMINISTIC_SHAPES[device.type] if config.deterministic else None)
+    if device.type == "cuda":
+        engine.use_graphs()  # the CPU path stays eager
     codec = HiggsCodecDecoder.load(codec_dir, dtype, device)
     runner = HiggsRunner(engine, cfg, codec, config.max_batch_size, config.max_seq_len, device, raw_logprobs)
     return runner, PromptBuilder(lm_dir, cfg.audio_bos_token_id)

@@ -157,7 +157,11 @@ def run_generate(opts: GenerateOptions) -> RunSummary:
         def finished(req: Request) -> None:
             nonlocal ok
             row, _ = by_rid[req.rid]
-            record = _write_request(writer, runner, row, req, by_system[req.rid])
+            try:
+                record = _write_request(writer, runner, row, req, by_system[req.rid])
+            except (OSError, RuntimeError, ValueError) as e:  # a full disk, a codec error: this row only
+                fail(row.row, req.rid, row.text, f"row {row.row}: writing its outputs failed: {e}")
+                return
             ok += 1
             progress.row_done(record["duration_s"], ok=True)
 

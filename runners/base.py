@@ -90,6 +90,7 @@ class _PendingStep:
 
     event: object  # recorded right after post_decode_launch published the step
     launch_buf: object  # what post_decode_launch returned: host staging or a device snapshot
+    host_staged: bool  # launch_buf is one of the host staging buffers (its copy overlaps the next forward)
     scheduler_output: object
     forward_batch: ForwardBatch
     batch_result: BatchResult
@@ -228,7 +229,8 @@ class ModelRunner:
         launch_buf = self.post_decode_launch(result, fb, requests)
         event = new_event(self.device)
         event.record()  # after the publish: query() true means launch_buf is ready
-        return _PendingStep(event=event, launch_buf=launch_buf, scheduler_output=scheduler_output,
+        staged = any(launch_buf is buf for buf in self._host_staging)
+        return _PendingStep(event=event, launch_buf=launch_buf, host_staged=staged, scheduler_output=scheduler_output,
                             forward_batch=fb, batch_result=result, n_real=len(requests))
 
     def execute_resolve(self, pending: _PendingStep | None) -> ModelRunnerOutput | None:

@@ -69,3 +69,23 @@ def test_flac_and_stdin(tmp_path):
     assert {"torch", "transformers", "omni_cli"} <= set(run["versions"])
     z = np.load(out / "logprobs/s1.npz")
     assert z["tokens"].shape == z["logprobs"].shape == z["mask"].shape == (20, 8)
+
+
+def test_a_row_whose_files_cannot_be_written_fails_alone(tmp_path, monkeypatch):
+    import omni_cli.output as output
+
+    real_write = output.sf.write
+
+    def write(path, *a, **k):
+        if ".b.partial" in str(path):
+            raise OSError(28, "No space left on device")
+        return real_write(path, *a, **k)
+
+    monkeypatch.setattr(output.sf, "write", write)
+    prompts = write_jsonl(tmp_path / "p.jsonl", [{"id": i, "text": f"row {i}"} for i in ("a", "b", "c")])
+    res = run_cli("generate", prompts, "-o", tmp_path / "out", "-q", "--max-new-frames", "10")
+    assert res.exit_code == 1
+    m = {r["id"]: r for r in read_manifest(tmp_path / "out")}
+    assert m["a"]["status"] == m["c"]["status"] == "ok"
+    assert m["b"]["status"] == "failed" and "row 2: writing its outputs failed" in m["b"]["error"]
+    assert "No space left" in m["b"]["error"]

@@ -95,6 +95,27 @@ def verify(
         raise typer.Exit(1)
 
 
+@app.command()
+def bench(
+    shape: str = typer.Option("higgs-audio-v2-3b", "--shape", help="higgs-audio-v2-3b or tiny-higgs-audio-v2."),
+    batch: list[int] = typer.Option([1, 8, 64, 256], "--batch", help="Batch sizes (repeat the flag)."),
+    frames: int = typer.Option(200, "--frames", help="Frames per request."),
+    prompt_len: int = typer.Option(64, "--prompt-len", help="Prompt tokens per request."),
+    device: str = typer.Option("auto", "--device"),
+    dtype: str = typer.Option("bfloat16", "--dtype", help="float32, bfloat16 or float16."),
+    out: Optional[Path] = typer.Option(None, "--out", help="Write the results as JSON here."),
+    plot: Optional[Path] = typer.Option(None, "--plot", help="Write a PNG of audio-s/s against batch size here."),
+) -> None:
+    """Random-weight throughput: omni sync, omni async and transformers generate, in one run."""
+    from omni_cli.bench import run_bench
+    from omni_cli.generate import DTYPES, pick_device
+
+    if dtype not in DTYPES:
+        typer.echo(f"omni: error: --dtype must be one of {', '.join(DTYPES)}", err=True)
+        raise typer.Exit(2)
+    _run(lambda: run_bench(shape, batch, frames, prompt_len, pick_device(device), DTYPES[dtype], out, plot))
+
+
 def _run(fn):
     """Call fn, turning user-facing errors into a message and an exit code."""
     try:

@@ -1,0 +1,170 @@
+"""`omni bench`: omni sync, omni async and transformers `generate`, in one process run.
+
+A random-weight Higgs Audio v2 model of a named shape (no checkpoint): the
+transformers model is initialised once and our engine loads its weights, so
+both peers run the same weights. For each batch size every request decodes
+exactly `frames` frames from a `prompt_len`-token prompt with sampling on
+(temperature 1, top-k 50, top-p 0.95). Reported: decode ms per step and
+audio-s/s over the whole run (prefill included), each against the floor set
+by the bytes a step must read (weights, plus KV) and the FLOPs it must do.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from omni_cli.loop import run_loop
+from omni_cli.params import SamplingParams
+from omni_cli.scheduler import Request, Scheduler
+from runners.attention import KVCache
+from runners.engine import Engine
+from runners.higgs_audio_v2.codec import HiggsCodecDecoder
+from runners.higgs_audio_v2.model import HiggsAudioV2LM
+from runners.higgs_audio_v2.runner import HiggsRunner
+from runners.higgs_audio_v2.shapes import param_counts, shape_config, transformers_config
+
+TINY_CODEC = Path(__file__).resolve().parent.parent / "configs" / "tiny-higgs-audio-v2" / "codec"
+# ceilings measured on the lent H200 (shared/design/facts.md): device copy, bf16 matmul
+H200_BYTES_PER_S, H200_FLOPS = 4.27e12, 801e12
+AUDIO_S_PER_FRAME = 960 / 24000
+
+
+@dataclass
+class BenchRow:
+    peer: str
+    batch: int
+    ms_per_step: float
+    audio_s_per_s: float
+    floor_ms: float | None
+
+    def as_dict(self) -> dict:
+        d = dict(self.__dict__)
+        d["of_floor"] = round(self.floor_ms / self.ms_per_step, 3) if self.floor_ms else None
+        return d
+
+
+def _floor_ms(cfg, batch: int, seq: int, elem: int, device: torch.device) -> float | None:
+    """Weights and KV read once per step, or the step's FLOPs, whichever takes longer (H200 only)."""
+    if device.type != "cuda" or "H200" not in torch.cuda.get_device_name(device):
+        return None
+    _, per_step = param_counts(cfg)
+    kv = batch * seq * cfg.num_hidden_layers * cfg.num_key_value_heads * cfg.head_dim * 2 * elem
+    return 1e3 * max((per_step * elem + kv) / H200_BYTES_PER_S, 2 * per_step * batch / H200_FLOPS)
+
+
+def _prompts(cfg, n: int, prompt_len: int) -> list[list[int]]:
+    rng = np.random.default_rng(0)
+    top = min(cfg.audio_bos_token_id, cfg.vocab_size) - 16
+    return [rng.integers(0, top, prompt_len - 1).tolist() + [cfg.audio_bos_token_id] for _ in range(n)]
+
+
+def _sync(device):
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _omni(model, codec, cfg, batch, frames, prompt_len, async_decode, device):
+    max_seq = prompt_len + frames
+    kv = KVCache(cfg.num_hidden_layers, batch + 1, cfg.num_key_value_heads, max_seq, cfg.head_dim,
+                 next(model.parameters()).dtype, device)
+    engine = Engine(model, kv, device)
+    if device.type == "cuda":
+        engine.use_graphs()
+    runner = HiggsRunner(engine, cfg, codec, batch, max_seq, device)
+    sched = Scheduler(batch, max_seq)
+    params = SamplingParams(temperature=1.0, top_k=50, top_p=0.95, max_new_frames=frames, min_new_frames=frames)
+    for i, ids in enumerate(_prompts(cfg, batch, prompt_len)):
+        sched.add(Request(rid=f"r{i}", prompt_ids=ids, params=params, seed=i))
+    _sync(device)
+    t0 = time.perf_counter()
+    stats = run_loop(sched, runner, lambda r: None, lambda rows, st: None, async_decode)
+    wall = time.perf_counter() - t0
+    return float(np.median(stats.step_ms[min(5, len(stats.step_ms) - 1):])), wall
+
+
+def _transformers(ref, cfg, batch, frames, prompt_len, device):
+    ids = torch.tensor(_prompts(cfg, batch, prompt_len), device=device)
+    _sync(device)
+    t0 = time.perf_counter()
+    with torch.inference_mode():
+        out = ref.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=frames, do_sample=True,
+                           temperature=1.0, top_k=50, top_p=0.95)
+    _sync(device)
+    wall = time.perf_counter() - t0
+    steps = out.shape[1]  # audio_sequences [B, frames generated, C]: it may stop before `frames`
+    return 1e3 * wall / steps, wall, steps
+
+
+def run_bench(shape: str, batches: list[int], frames: int, prompt_len: int, device: torch.device,
+              dtype: torch.dtype, out_json: Path | None, plot: Path | None, peers=("sync", "async", "transformers")):
+    from transformers import HiggsAudioV2ForConditionalGeneration
+
+    cfg = shape_config(shape)
+    torch.manual_seed(0)
+    with torch.device(device):
+        ref = HiggsAudioV2ForConditionalGeneration(transformers_config(cfg)).to(dtype).eval()
+        model = HiggsAudioV2LM(cfg, prompt_len + frames)
+    model.load_state_dict(ref.state_dict(), strict=False)  # the same weights; ref lacks only our rope buffers
+    model = model.to_runtime(device, dtype)
+    codec = HiggsCodecDecoder.load(TINY_CODEC, dtype, device)  # needed by the runner, unused by LM steps
+    elem = torch.finfo(dtype).bits // 8
+    _omni(model, codec, cfg, 2, 12, prompt_len, True, device)  # warm-up
+    rows: list[BenchRow] = []
+    for b in batches:
+        floor = _floor_ms(cfg, b, prompt_len + frames // 2, elem, device)
+        for peer in peers:
+            if peer == "transformers":
+                ms, wall, steps = _transformers(ref, cfg, b, frames, prompt_len, device)
+            else:
+                (ms, wall), steps = _omni(model, codec, cfg, b, frames, prompt_len, peer == "async", device), frames
+            # reverted audio: 8 frames of the delay ramp carry no sound
+            rows.append(BenchRow(peer, b, ms, b * max(steps - 8, 0) * AUDIO_S_PER_FRAME / wall, floor))
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
+    table = _table(rows)
+    print(table)
+    info = {"shape": shape, "device": str(device) + (f" ({torch.cuda.get_device_name(device)})" if device.type == "cuda" else ""),
+            "dtype": str(dtype), "frames": frames, "prompt_len": prompt_len, "torch": torch.__version__,
+            "rows": [r.as_dict() for r in rows]}
+    if out_json:
+        out_json.write_text(json.dumps(info, indent=2))
+    if plot:
+        _plot(rows, plot, shape, info["device"])
+    return rows
+
+
+def _table(rows: list[BenchRow]) -> str:
+    lines = [f"{'peer':<13} {'batch':>5} {'ms/step':>9} {'audio-s/s':>10} {'floor ms':>9} {'of floor':>9}"]
+    for r in rows:
+        floor = f"{r.floor_ms:9.2f}" if r.floor_ms else f"{'-':>9}"
+        frac = f"{r.floor_ms / r.ms_per_step:9.1%}" if r.floor_ms else f"{'-':>9}"
+        lines.append(f"{r.peer:<13} {r.batch:>5} {r.ms_per_step:>9.2f} {r.audio_s_per_s:>10.2f} {floor} {frac}")
+    return "\n".join(lines)
+
+
+def _plot(rows: list[BenchRow], path: Path, shape: str, device: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for peer in dict.fromkeys(r.peer for r in rows):
+        pts = [(r.batch, r.audio_s_per_s) for r in rows if r.peer == peer]
+        ax.plot(*zip(*pts), marker="o", label=f"omni {peer}" if peer != "transformers" else "transformers generate")
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlabel("batch size")
+    ax.set_ylabel("audio seconds per second")
+    ax.set_title(f"{shape} on {device}", fontsize=9)
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)

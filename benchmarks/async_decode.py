@@ -4,7 +4,8 @@ Higgs Audio v2 3B shape, random bf16 weights, 64-token prompts, sampling on
 (temperature 1, top-k 50, top-p 0.95), each request generating exactly
 --frames frames. For each batch size: decode ms/step, audio-s/s over the
 whole run (prefill included), the event-query hit rate, and whether async
-and sync produced the same codes and logprobs bit for bit. Prints a table and
+and sync produced the same codes and logprobs bit for bit. Each mode runs
+--repeats times, alternating, and medians are reported. Prints a table and
 writes JSON.
 
   python benchmarks/async_decode.py --batch 1 8 64 --out async_decode.json
@@ -15,7 +16,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -23,44 +23,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks.higgs_shape import random_lm  # noqa: E402
-from omni_cli.loop import run_loop  # noqa: E402
-from omni_cli.params import SamplingParams  # noqa: E402
-from omni_cli.scheduler import Request, Scheduler  # noqa: E402
-from runners.attention import KVCache  # noqa: E402
-from runners.engine import Engine  # noqa: E402
-from runners.higgs_audio_v2.codec import HiggsCodecDecoder  # noqa: E402
-from runners.higgs_audio_v2.runner import HiggsRunner  # noqa: E402
-
-TINY_CODEC = Path(__file__).resolve().parent.parent / "configs/tiny-higgs-audio-v2/codec"
-
-
-def run(model, codec, batch: int, frames: int, prompt_len: int, max_seq_len: int, async_decode: bool, device):
-    cfg = model.cfg
-    kv = KVCache(cfg.num_hidden_layers, batch + 1, cfg.num_key_value_heads, max_seq_len, cfg.head_dim, torch.bfloat16, device)
-    engine = Engine(model, kv, device)
-    engine.use_graphs()
-    runner = HiggsRunner(engine, cfg, codec, batch, max_seq_len, device)
-    sched = Scheduler(batch, max_seq_len)
-    params = SamplingParams(temperature=1.0, top_k=50, top_p=0.95, max_new_frames=frames, min_new_frames=frames)
-    rng = np.random.default_rng(0)
-    reqs = []
-    for i in range(batch):
-        ids = rng.integers(0, 128000, prompt_len - 1).tolist() + [cfg.audio_bos_token_id]
-        reqs.append(Request(rid=f"r{i}", prompt_ids=ids, params=params, seed=1000 + i))
-        sched.add(reqs[-1])
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    stats = run_loop(sched, runner, lambda r: None, lambda rows, st: None, async_decode)
-    wall = time.perf_counter() - t0
-    hits, misses = runner.async_query_hit, runner.async_query_miss
-    out = {"ms_per_step": float(np.median(stats.step_ms[5:])), "wall_s": wall,
-           "audio_s_per_s": batch * (frames - 8) * 0.04 / wall,  # 960 / 24000 s a reverted frame
-           "hit_rate": hits / (hits + misses) if hits + misses else None, "hits": hits, "misses": misses,
-           "tokens": [np.stack(r.frames) for r in reqs], "logprobs": [np.stack(r.logprobs) for r in reqs]}
-    del kv, runner
-    torch.cuda.empty_cache()
-    return out
+from omni_cli.bench import AUDIO_S_PER_FRAME, random_model, run_requests  # noqa: E402
 
 
 def main() -> None:
@@ -73,24 +36,27 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=Path("async_decode.json"))
     args = ap.parse_args()
     device = torch.device("cuda")
-    codec = HiggsCodecDecoder.load(TINY_CODEC, torch.bfloat16, device)
-    model = random_lm("higgs-audio-v2-3b", args.max_seq_len, torch.bfloat16, device)
-    run(model, codec, 2, 20, args.prompt_len, args.max_seq_len, True, device)  # warm-up
+    _, model, codec = random_model("higgs-audio-v2-3b", torch.bfloat16, device, args.max_seq_len)
+    run = lambda b, mode: run_requests(model, codec, b, b, args.frames, args.prompt_len,  # noqa: E731
+                                       args.max_seq_len, mode, device)
+    run(2, True)  # warm-up
     rows = []
     for b in args.batch:
         runs = {False: [], True: []}
         for _ in range(args.repeats):  # alternate, so drift hits both modes alike
             for mode in (False, True):
-                runs[mode].append(run(model, codec, b, args.frames, args.prompt_len, args.max_seq_len, mode, device))
+                runs[mode].append(run(b, mode))
         sync, lookahead = runs[False][0], runs[True][0]
-        same = all(np.array_equal(x, y) for x, y in zip(sync["tokens"], lookahead["tokens"])) and \
-            all(np.array_equal(x, y) for x, y in zip(sync["logprobs"], lookahead["logprobs"]))
-        med = lambda mode, key: float(np.median([r[key] for r in runs[mode]]))  # noqa: E731
-        walls = {m: [r["wall_s"] for r in runs[m]] for m in runs}
-        hits = sum(r["hits"] for r in runs[True])
-        misses = sum(r["misses"] for r in runs[True])
-        rows.append({"batch": b, "sync_ms_per_step": med(False, "ms_per_step"), "async_ms_per_step": med(True, "ms_per_step"),
-                     "sync_audio_s_per_s": med(False, "audio_s_per_s"), "async_audio_s_per_s": med(True, "audio_s_per_s"),
+        same = all(np.array_equal(sync.tokens[k], lookahead.tokens[k]) and
+                   np.array_equal(sync.logprobs[k], lookahead.logprobs[k]) for k in sync.tokens)
+        walls = {m: [r.wall_s for r in runs[m]] for m in runs}
+        audio = b * (args.frames - 8) * AUDIO_S_PER_FRAME
+        hits, misses = sum(r.hits for r in runs[True]), sum(r.misses for r in runs[True])
+        rows.append({"batch": b,
+                     "sync_ms_per_step": float(np.median([r.ms_per_step for r in runs[False]])),
+                     "async_ms_per_step": float(np.median([r.ms_per_step for r in runs[True]])),
+                     "sync_audio_s_per_s": audio / float(np.median(walls[False])),
+                     "async_audio_s_per_s": audio / float(np.median(walls[True])),
                      "speedup_pct": 100 * (np.median(walls[False]) / np.median(walls[True]) - 1),
                      "sync_wall_s": walls[False], "async_wall_s": walls[True],
                      "hit_rate": hits / (hits + misses), "hits": hits, "misses": misses, "bit_identical": same})

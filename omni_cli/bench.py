@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from omni_cli.loop import run_loop
+from omni_cli.loop import LoopStats, run_loop
 from omni_cli.params import SamplingParams
 from omni_cli.scheduler import Request, Scheduler
 from runners.attention import KVCache
@@ -69,23 +69,57 @@ def _sync(device):
         torch.cuda.synchronize(device)
 
 
-def _omni(model, codec, cfg, batch, frames, prompt_len, async_decode, device):
-    max_seq = prompt_len + frames
-    kv = KVCache(cfg.num_hidden_layers, batch + 1, cfg.num_key_value_heads, max_seq, cfg.head_dim,
+@dataclass
+class RunResult:
+    stats: LoopStats
+    wall_s: float
+    hits: int
+    misses: int
+    tokens: dict[str, np.ndarray]  # per request [frames, C]
+    logprobs: dict[str, np.ndarray]
+
+    @property
+    def ms_per_step(self) -> float:
+        steps = self.stats.step_ms
+        return float(np.median(steps[min(5, len(steps) - 1):]))  # past the first steps (graph captures)
+
+
+def random_model(shape: str, dtype: torch.dtype, device: torch.device, max_seq_len: int):
+    """(transformers model, our model with the same random weights, tiny codec)."""
+    from transformers import HiggsAudioV2ForConditionalGeneration
+
+    cfg = shape_config(shape)
+    torch.manual_seed(0)
+    with torch.device(device):
+        ref = HiggsAudioV2ForConditionalGeneration(transformers_config(cfg)).to(dtype).eval()
+        model = HiggsAudioV2LM(cfg, max_seq_len)
+    model.load_state_dict(ref.state_dict(), strict=False)  # the same weights; ref lacks only our rope buffers
+    codec = HiggsCodecDecoder.load(TINY_CODEC, dtype, device)  # needed by the runner, unused by LM steps
+    return ref, model.to_runtime(device, dtype), codec
+
+
+def run_requests(model, codec, n_req: int, max_batch: int, frames: int, prompt_len: int, max_seq_len: int,
+                 async_decode: bool, device: torch.device, fixed_shapes=None) -> RunResult:
+    """n_req requests of exactly `frames` frames through the scheduler loop (graphs on CUDA)."""
+    cfg = model.cfg
+    kv = KVCache(cfg.num_hidden_layers, max_batch + 1, cfg.num_key_value_heads, max_seq_len, cfg.head_dim,
                  next(model.parameters()).dtype, device)
-    engine = Engine(model, kv, device)
+    engine = Engine(model, kv, device, fixed_shapes)
     if device.type == "cuda":
         engine.use_graphs()
-    runner = HiggsRunner(engine, cfg, codec, batch, max_seq, device)
-    sched = Scheduler(batch, max_seq)
+    runner = HiggsRunner(engine, cfg, codec, max_batch, max_seq_len, device)
+    sched = Scheduler(max_batch, max_seq_len)
     params = SamplingParams(temperature=1.0, top_k=50, top_p=0.95, max_new_frames=frames, min_new_frames=frames)
-    for i, ids in enumerate(_prompts(cfg, batch, prompt_len)):
-        sched.add(Request(rid=f"r{i}", prompt_ids=ids, params=params, seed=i))
+    reqs = [Request(rid=f"r{i}", prompt_ids=ids, params=params, seed=1000 + i)
+            for i, ids in enumerate(_prompts(cfg, n_req, prompt_len))]
+    for r in reqs:
+        sched.add(r)
     _sync(device)
     t0 = time.perf_counter()
     stats = run_loop(sched, runner, lambda r: None, lambda rows, st: None, async_decode)
     wall = time.perf_counter() - t0
-    return float(np.median(stats.step_ms[min(5, len(stats.step_ms) - 1):])), wall
+    return RunResult(stats, wall, runner.async_query_hit, runner.async_query_miss,
+                     {r.rid: np.stack(r.frames) for r in reqs}, {r.rid: np.stack(r.logprobs) for r in reqs})
 
 
 def _transformers(ref, cfg, batch, frames, prompt_len, device):
@@ -103,18 +137,11 @@ def _transformers(ref, cfg, batch, frames, prompt_len, device):
 
 def run_bench(shape: str, batches: list[int], frames: int, prompt_len: int, device: torch.device,
               dtype: torch.dtype, out_json: Path | None, plot: Path | None, peers=("sync", "async", "transformers")):
-    from transformers import HiggsAudioV2ForConditionalGeneration
-
-    cfg = shape_config(shape)
-    torch.manual_seed(0)
-    with torch.device(device):
-        ref = HiggsAudioV2ForConditionalGeneration(transformers_config(cfg)).to(dtype).eval()
-        model = HiggsAudioV2LM(cfg, prompt_len + frames)
-    model.load_state_dict(ref.state_dict(), strict=False)  # the same weights; ref lacks only our rope buffers
-    model = model.to_runtime(device, dtype)
-    codec = HiggsCodecDecoder.load(TINY_CODEC, dtype, device)  # needed by the runner, unused by LM steps
+    max_seq = prompt_len + frames
+    ref, model, codec = random_model(shape, dtype, device, max_seq)
+    cfg = model.cfg
     elem = torch.finfo(dtype).bits // 8
-    _omni(model, codec, cfg, 2, 12, prompt_len, True, device)  # warm-up
+    run_requests(model, codec, 2, 2, 12, prompt_len, max_seq, True, device)  # warm-up
     rows: list[BenchRow] = []
     for b in batches:
         floor = _floor_ms(cfg, b, prompt_len + frames // 2, elem, device)
@@ -122,7 +149,8 @@ def run_bench(shape: str, batches: list[int], frames: int, prompt_len: int, devi
             if peer == "transformers":
                 ms, wall, steps = _transformers(ref, cfg, b, frames, prompt_len, device)
             else:
-                (ms, wall), steps = _omni(model, codec, cfg, b, frames, prompt_len, peer == "async", device), frames
+                res = run_requests(model, codec, b, b, frames, prompt_len, max_seq, peer == "async", device)
+                ms, wall, steps = res.ms_per_step, res.wall_s, frames
             # reverted audio: 8 frames of the delay ramp carry no sound
             rows.append(BenchRow(peer, b, ms, b * max(steps - 8, 0) * AUDIO_S_PER_FRAME / wall, floor))
             if device.type == "cuda":

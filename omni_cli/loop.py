@@ -25,6 +25,7 @@ class LoopStats:
     steps: int = 0
     sync_routed: int = 0  # decode steps sent down the sync path by lookahead_eligible
     step_ms: list[float] = field(default_factory=list)  # host time per decode iteration
+    prefill_ms: list[float] = field(default_factory=list)  # host time per prefill step
 
     def percentiles(self) -> dict[str, float]:
         if not self.step_ms:
@@ -72,8 +73,7 @@ def run_loop(scheduler: Scheduler, runner, on_finished: Callable[[Request], None
             else:
                 resolve()  # drain
                 handle(so.requests, runner.execute(so))
-            if not so.is_prefill:
-                stats.step_ms.append((time.perf_counter() - t0) * 1e3)
+            (stats.prefill_ms if so.is_prefill else stats.step_ms).append((time.perf_counter() - t0) * 1e3)
     finally:
         # on Ctrl-C or an error: the pending step's completed rows still count
         if pending is not None:

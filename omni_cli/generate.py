@@ -1,9 +1,10 @@
 """`omni generate`: prompts in, audio files + logprobs + manifest out.
 
-The host loop is: schedule -> runner.execute -> retire finished requests ->
-decode their audio and write their files. Every input row ends in the
-manifest: ok, failed (with the error naming the row and field) or, after
-Ctrl-C, interrupted.
+Rows are validated and queued; omni_cli.loop drives the scheduler and the
+runner (sync or with the async lookahead) and hands back each finished
+request, whose audio is decoded and whose files are written. Every input row
+ends in the manifest: ok, failed (with the error naming the row and field)
+or, after Ctrl-C, interrupted.
 """
 
 from __future__ import annotations
@@ -16,14 +17,15 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from rich.markup import escape
 
 from omni_cli import __version__
 from omni_cli.config import load_config
 from omni_cli.errors import OmniError, RowError
-from omni_cli.params import FIELD_NAMES
-from omni_cli.output import OutputWriter, check_out_dir, write_run_json
-from omni_cli.progress import Progress
 from omni_cli.loop import run_loop
+from omni_cli.output import OutputWriter, check_out_dir, write_run_json
+from omni_cli.params import FIELD_NAMES
+from omni_cli.progress import Progress
 from omni_cli.prompts import read_prompts
 from omni_cli.scheduler import Request, Scheduler
 from omni_cli.seeds import row_seed
@@ -123,27 +125,16 @@ def run_generate(opts: GenerateOptions) -> RunSummary:
         writer.write_failed(row, rid, text, error)
         progress.row_done(0.0, ok=False)
         if not opts.quiet:
-            progress._console.print(f"[red]omni: {error}[/red]", highlight=False)
+            progress.print_line(f"[red]omni: {escape(error)}[/red]")
 
     with progress:
-        for index, r in enumerate(rows):
+        for r in rows:
             if r.error is not None:
                 fail(r.row, r.id, r.text, r.error)
                 continue
+            system = r.system if r.system is not None else config.system_prompt
             try:
-                params = base_params.with_overrides(**r.overrides)
-                try:
-                    params.check_consistent()
-                except ValueError as e:
-                    raise RowError(r.row, "min_new_frames", str(e)) from None
-                system = r.system if r.system is not None else config.system_prompt
-                try:
-                    prompt_ids = prompt_builder.build(r.text, system, r.scene)
-                except ValueError as e:
-                    field, message = e.args
-                    raise RowError(r.row, field, message) from None
-                seed = row_seed(r.seed, opts.seed, r.id)
-                req = Request(rid=r.id, prompt_ids=prompt_ids, params=params, seed=seed, index=index)
+                req = _request(r, system, base_params, prompt_builder, opts.seed)
                 try:
                     scheduler.add(req)
                 except ValueError as e:
@@ -198,6 +189,21 @@ def run_generate(opts: GenerateOptions) -> RunSummary:
     if not opts.quiet:
         progress.print_line(_async_summary(config.async_decode, runner, stats))
     return RunSummary(total=len(rows), ok=ok, failed=failed, interrupted=interrupted)
+
+
+def _request(r, system: str, base_params, prompt_builder, run_seed: int | None) -> Request:
+    """One valid prompt row as a request; a RowError names the row and field otherwise."""
+    params = base_params.with_overrides(**r.overrides)
+    try:
+        params.check_consistent()
+    except ValueError as e:
+        raise RowError(r.row, "min_new_frames", str(e)) from None
+    try:
+        prompt_ids = prompt_builder.build(r.text, system, r.scene)
+    except ValueError as e:
+        field, message = e.args
+        raise RowError(r.row, field, message) from None
+    return Request(rid=r.id, prompt_ids=prompt_ids, params=params, seed=row_seed(r.seed, run_seed, r.id))
 
 
 def _async_summary(enabled: bool, runner, stats) -> str:

@@ -54,7 +54,8 @@ class Progress:
         self._maybe_draw()
 
     def print_line(self, text: str) -> None:
-        self._console.print(text, highlight=False)
+        """A line on stderr (rich markup allowed), above the live display when there is one."""
+        self._console.print(text, highlight=False, soft_wrap=True)  # one line, however long
 
     def row_done(self, audio_s: float, ok: bool) -> None:
         self.done += 1

@@ -34,7 +34,6 @@ class Request:
     prompt_ids: list[int]
     params: SamplingParams
     seed: int
-    index: int = 0  # position in the input, for ordering outputs
     status: Status = Status.WAITING
     slot: int | None = None
     # one entry per generated frame, host side: [num_codebooks] int / float32

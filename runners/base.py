@@ -279,8 +279,10 @@ class ModelRunner:
         # draw position = frame_step * num_streams + stream, as sglang-omni's Higgs runner
         positions = (steps[:, None] * c + torch.arange(c, device=self.device)[None, :]).reshape(-1)
         tokens, logprobs = draw(rows, p("temperature"), p("top_k"), p("top_p"), p("min_p"), p("seed"), positions)
-        raw = result.logits_gpu.view(b * c, v).float().log_softmax(dim=-1)
-        if any(r.params.ras_win_len > 0 for r in requests):
+        ras = any(r.params.ras_win_len > 0 for r in requests)
+        # the unprocessed distribution: RAS redraws from it, --raw-logprobs reports it
+        raw = result.logits_gpu.view(b * c, v).float().log_softmax(dim=-1) if ras or self.raw_logprobs else None
+        if ras:
             tokens, logprobs = self._ras(tokens, logprobs, raw, fb, requests, slots, positions)
         result.next_token_ids_gpu = tokens.view(b, c)
         result.logprobs_gpu = logprobs.view(b, c)

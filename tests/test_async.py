@@ -221,3 +221,34 @@ def test_ctrl_c_writes_what_is_complete(tmp_path, monkeypatch):
     for r in done:
         assert np.load(out / r["logprobs_file"])["tokens"].shape == (r["frames"], 8)
     assert not list(out.glob("**/.*partial*"))
+
+
+def test_summary_line_and_run_json_record_the_path(tmp_path):
+    import json
+
+    prompts = write_jsonl(tmp_path / "p.jsonl", [{"id": f"r{i}", "text": t} for i, t in enumerate(TEXTS[:4])])
+    on = run_cli("generate", prompts, "-o", tmp_path / "on", "--async-decode", "--max-new-frames", "12")
+    off = run_cli("generate", prompts, "-o", tmp_path / "off", "--no-async-decode", "--max-new-frames", "12")
+    assert on.exit_code == off.exit_code == 0
+    assert [ln for ln in on.output.splitlines() if "async decode" in ln][0].startswith(
+        "omni: async decode on: query hit rate 100.0%")
+    assert "omni: async decode off" in off.output
+    run = json.loads((tmp_path / "on" / "run.json").read_text())
+    hits = run["async_decode"]["query_hits"]
+    assert run["async_decode"]["enabled"] and hits > 0 and run["async_decode"]["query_misses"] == 0
+    assert set(run["timings"]["step_ms"]) == {"p50", "p90", "p99"}
+    assert json.loads((tmp_path / "off" / "run.json").read_text())["async_decode"]["query_hits"] == 0
+
+
+def test_live_display_shows_the_hit_rate():
+    from rich.console import Console
+
+    from omni_cli.progress import Progress
+
+    p = Progress(total=5, quiet=True)
+    p.row_done(2.0, ok=True)
+    p.step(8, hits=19, misses=1, sync_routed=2)
+    console = Console(width=100, record=True)
+    console.print(p._render())
+    text = console.export_text()
+    assert "1/5" in text and "95.0% (19/20)" in text and "2 steps routed to sync" in text

@@ -69,3 +69,19 @@ def test_config_is_frozen():
     cfg = load_config(None)
     with pytest.raises(Exception):
         cfg.max_batch_size = 3  # type: ignore[misc]
+
+
+def test_hub_checkpoint_unreachable_is_a_clear_error(tmp_path, monkeypatch):
+    """A hub id goes through huggingface_hub; offline, the error names the key and the id."""
+    import huggingface_hub.constants
+
+    from tests.conftest import run_cli
+
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    cfg = tmp_path / "hub.yaml"
+    cfg.write_text(f"family: higgs_audio_v2\ncheckpoint: someone/no-such-model\ncodec: {TINY / 'codec'}\n")
+    prompts = tmp_path / "p.txt"
+    prompts.write_text("hello\n")
+    res = run_cli("generate", prompts, "-o", tmp_path / "out", "--model", cfg)
+    assert res.exit_code == 2
+    assert "checkpoint 'someone/no-such-model': not a local folder, and the hub download failed" in res.output

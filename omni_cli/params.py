@@ -59,49 +59,33 @@ def _is_number(v: Any) -> bool:
     return (isinstance(v, (int, float))) and not isinstance(v, bool)
 
 
+# field -> (kind, valid range, what the message asks for)
+_RULES: dict[str, tuple[type, Any, str]] = {
+    "temperature": (float, lambda v: v >= 0, "a number >= 0 (0 means greedy)"),
+    "top_k": (int, lambda v: v >= 0, "an integer >= 0 (0 disables)"),
+    "top_p": (float, lambda v: 0 < v <= 1, "a number in (0, 1]"),
+    "min_p": (float, lambda v: 0 <= v < 1, "a number in [0, 1)"),
+    "repetition_penalty": (float, lambda v: v > 0, "a number > 0 (1 disables)"),
+    "ras_win_len": (int, lambda v: v >= 0, "an integer >= 0 (0 disables)"),
+    "ras_win_max_num_repeat": (int, lambda v: v >= 1, "an integer >= 1"),
+    "max_new_frames": (int, lambda v: v >= 1, "an integer >= 1"),
+    "min_new_frames": (int, lambda v: v >= 0, "an integer >= 0"),
+}
+
+
 def check_field(name: str, value: Any) -> Any:
     """Validate one sampling field; returns the normalised value or raises ValueError."""
-    if name == "temperature":
-        if not _is_number(value) or value < 0 or value != value:
-            raise ValueError(f"must be a number >= 0 (0 means greedy), got {value!r}")
-        return float(value)
-    if name == "top_k":
-        if not _is_int(value) or value < 0:
-            raise ValueError(f"must be an integer >= 0 (0 disables), got {value!r}")
-        return value
-    if name == "top_p":
-        if not _is_number(value) or not (0.0 < value <= 1.0):
-            raise ValueError(f"must be a number in (0, 1], got {value!r}")
-        return float(value)
-    if name == "min_p":
-        if not _is_number(value) or not (0.0 <= value < 1.0):
-            raise ValueError(f"must be a number in [0, 1), got {value!r}")
-        return float(value)
-    if name == "ras_win_len":
-        if not _is_int(value) or value < 0:
-            raise ValueError(f"must be an integer >= 0 (0 disables), got {value!r}")
-        return value
-    if name == "ras_win_max_num_repeat":
-        if not _is_int(value) or value < 1:
-            raise ValueError(f"must be an integer >= 1, got {value!r}")
-        return value
-    if name == "min_new_frames":
-        if not _is_int(value) or value < 0:
-            raise ValueError(f"must be an integer >= 0, got {value!r}")
-        return value
-    if name == "repetition_penalty":
-        if not _is_number(value) or not value > 0:
-            raise ValueError(f"must be a number > 0 (1 disables), got {value!r}")
-        return float(value)
     if name == "suppress_tokens":
         if not isinstance(value, (list, tuple)) or not all(_is_int(t) and t >= 0 for t in value):
             raise ValueError(f"must be a list of token ids >= 0, got {value!r}")
         return tuple(value)
-    if name == "max_new_frames":
-        if not _is_int(value) or value < 1:
-            raise ValueError(f"must be an integer >= 1, got {value!r}")
-        return value
-    raise ValueError(f"unknown sampling field {name!r}")
+    if name not in _RULES:
+        raise ValueError(f"unknown sampling field {name!r}")
+    kind, ok, wanted = _RULES[name]
+    typed = _is_int(value) if kind is int else _is_number(value) and value == value  # NaN fails
+    if not typed or not ok(value):
+        raise ValueError(f"must be {wanted}, got {value!r}")
+    return kind(value)
 
 
 def check_seed(value: Any) -> int:

@@ -16,6 +16,19 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 
+# Deterministic decode attends in key blocks of this size (see _blockwise).
+DET_KEY_BLOCK = 256
+
+
+def kv_bucket(kv_len: int, max_seq_len: int) -> int:
+    """Keys attended for a step whose longest row has kv_len: the next power of two
+    >= kv_len (at least one key block), capped at max_seq_len."""
+    b = DET_KEY_BLOCK
+    while b < kv_len:
+        b *= 2
+    return min(b, max_seq_len)
+
+
 # SDPA backends, in order of preference. The CPU has only MATH (and FLASH for
 # no-mask cases); on CUDA, masks rule out FLASH, so EFFICIENT runs.
 _BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
@@ -43,11 +56,11 @@ class AttentionContext:
     positions_gpu: torch.Tensor  # [B, T] int64: rope positions, and cache write positions
     mask_gpu: torch.Tensor  # [B, 1, T, K] bool, True = may attend
     kv_len: int  # K: keys attended per row (host-known: max sequence length in the batch)
-    # Deterministic mode pins SDPA's memory-efficient kernel at fixed shapes.
-    # Measured on an H200 (torch 2.11): the backend SDPA picks by default
-    # there (cuDNN) gives different bits when rows are permuted and from one
-    # run to the next, and spends ~2 ms of host time per call when kv_len
-    # changes every step; so it is never used.
+    # Deterministic mode: prefill pins SDPA's memory-efficient kernel at fixed
+    # shapes; decode uses _blockwise. Measured on an H200 (torch 2.11): the
+    # backend SDPA picks by default there (cuDNN) gives different bits when
+    # rows are permuted and from one run to the next, and spends ~2 ms of host
+    # time per call when kv_len changes every step; so it is never used.
     deterministic: bool = False
 
     def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
@@ -62,10 +75,53 @@ class AttentionContext:
             pos = self.positions_gpu[:, 0]
             kc[self.slots_gpu, :, pos] = k[:, :, 0]
             vc[self.slots_gpu, :, pos] = v[:, :, 0]
+            if self.deterministic:
+                return self._blockwise(q, kc, vc)
             # slice first, then gather: kc[slots] would copy all max_seq_len positions
             keys = kc[:, :, : self.kv_len][self.slots_gpu]
             values = vc[:, :, : self.kv_len][self.slots_gpu]
         return self._sdpa(q, keys, values)
+
+    def _fold_gqa(self, q: torch.Tensor, kvh: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """q [B, H, T, D] -> [B, KVH, rep * T, D] and the mask expanded to match."""
+        b, h, t, d = q.shape
+        rep = h // kvh
+        mask = self.mask_gpu.expand(b, 1, t, -1).repeat(1, 1, rep, 1)  # row r*T + i <- mask row i
+        return q.reshape(b, kvh, rep * t, d), mask
+
+    def _blockwise(self, q: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor) -> torch.Tensor:
+        """Attention over fixed-size key blocks with an exact running softmax.
+
+        q [B, H, 1, D]; kc/vc one layer's cache [slots, KVH, max_seq_len, D].
+        Each block is gathered from the cache on its own, so its matmul sees
+        the same contiguous [B, KVH, block, D] operand whatever kv_len is.
+
+        Every block is one fixed-shape matmul, and a block whose keys are all
+        masked changes nothing, bit for bit: its max is -inf, so the running
+        max stays, the rescale factor is exp(0) = 1 and it adds exact zeros. A
+        row's result therefore depends only on its own keys, never on how many
+        key positions the batch attends over, which lets deterministic decode
+        use the batch's key-length bucket instead of all max_seq_len positions.
+        Needs one valid key per row in the first block (position 0 always is).
+        """
+        b, h, t, d = q.shape
+        qf, mask = self._fold_gqa(q, kc.shape[1])
+        scale = d ** -0.5
+        m = torch.full((*qf.shape[:3], 1), float("-inf"), device=q.device)
+        l = torch.zeros_like(m)
+        acc = torch.zeros(qf.shape, dtype=torch.float32, device=q.device)
+        for start in range(0, self.kv_len, DET_KEY_BLOCK):
+            blk = slice(start, min(start + DET_KEY_BLOCK, self.kv_len))
+            keys, values = kc[:, :, blk][self.slots_gpu], vc[:, :, blk][self.slots_gpu]
+            s = (qf @ keys.transpose(-1, -2)).float() * scale
+            s = s.masked_fill(~mask[..., blk], float("-inf"))
+            m_new = torch.maximum(m, s.amax(dim=-1, keepdim=True))
+            alpha = torch.exp(m - m_new)
+            p = torch.exp(s - m_new)
+            l = l * alpha + p.sum(dim=-1, keepdim=True)
+            acc = acc * alpha + (p.to(values.dtype) @ values).float()
+            m = m_new
+        return (acc / l).to(q.dtype).reshape(b, h, t, d)
 
     def _sdpa(self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
         """Grouped-query attention as plain attention over the KV heads.
@@ -76,10 +132,7 @@ class AttentionContext:
         the fused kernels, which need equal head counts, stay available.
         """
         b, h, t, d = q.shape
-        kvh = keys.shape[1]
-        rep = h // kvh
-        q = q.reshape(b, kvh, rep * t, d)
-        mask = self.mask_gpu.expand(b, 1, t, -1).repeat(1, 1, rep, 1)  # row r*T + i <- mask row i
+        q, mask = self._fold_gqa(q, keys.shape[1])
         backends = _DETERMINISTIC_BACKENDS if self.deterministic else _BACKENDS
         with sdpa_kernel(backends):
             out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask)

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import torch
 
-from runners.attention import AttentionContext, KVCache
+from runners.attention import AttentionContext, KVCache, kv_bucket
 
 
 def _next_pow2(n: int, lo: int) -> int:
@@ -28,18 +28,14 @@ def _next_pow2(n: int, lo: int) -> int:
 
 class DecodeGraphs:
     def __init__(self, model: torch.nn.Module, kv: KVCache, device: torch.device, capture: bool,
-                 fixed_rows: int | None = None, fixed_kv: bool = False, min_kv_bucket: int = 256):
+                 fixed_rows: int | None = None):
         self.model, self.kv, self.device, self.capture = model, kv, device, capture
         self.fixed_rows = fixed_rows  # deterministic mode: always this many rows
-        self.fixed_kv = fixed_kv  # deterministic mode: always all max_seq_len positions
-        self.min_kv_bucket = min_kv_bucket
         self._entries: dict[tuple[int, int], tuple] = {}
         self._pool = torch.cuda.graph_pool_handle() if capture else None
 
     def buckets(self, rows: int, kv_len: int) -> tuple[int, int]:
-        r = self.fixed_rows or _next_pow2(rows, 1)
-        k = self.kv.max_seq_len if self.fixed_kv else min(_next_pow2(kv_len, self.min_kv_bucket), self.kv.max_seq_len)
-        return r, k
+        return self.fixed_rows or _next_pow2(rows, 1), kv_bucket(kv_len, self.kv.max_seq_len)
 
     def _build(self, rows: int, k: int, deterministic: bool, inputs_like: dict[str, torch.Tensor]):
         pad_slot = self.kv.k_gpu.shape[1] - 1

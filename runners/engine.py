@@ -14,9 +14,10 @@ rounding) from the shapes they see, so every shape is fixed (FixedShapes), and
 attention is pinned to a kernel measured to be bit-stable (see
 AttentionContext.deterministic). Prefill pads each prompt to a length bucket
 that depends on its own length only and runs chunks of a fixed number of
-prompts of one bucket; decode runs chunks of a fixed number of rows and always
-attends over all ``max_seq_len`` key positions, masked. Padding rows use a
-spare KV slot that no request owns.
+prompts of one bucket; decode runs chunks of a fixed number of rows, with
+attention in fixed key blocks whose masked tail is an exact no-op (so the
+key-length bucket may follow the batch). Padding rows use a spare KV slot
+that no request owns.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from runners.attention import AttentionContext, KVCache
+from runners.attention import AttentionContext, KVCache, kv_bucket
 
 
 @dataclass
@@ -70,7 +71,7 @@ class Engine:
 
         shapes = self.fixed_shapes
         self.graphs = DecodeGraphs(self.model, self.kv, self.device, capture,
-                                   fixed_rows=shapes.decode_rows if shapes else None, fixed_kv=shapes is not None)
+                                   fixed_rows=shapes.decode_rows if shapes else None)
 
     @property
     def deterministic(self) -> bool:
@@ -188,12 +189,13 @@ class Engine:
         return torch.stack(out)
 
     def _decode_fixed(self, fb: ForwardBatch) -> torch.Tensor:
-        """Chunks of exactly `decode_rows` rows, attending over all max_seq_len positions (masked)."""
-        rows, k, dev = self.fixed_shapes.decode_rows, self.kv.max_seq_len, self.device
+        """Chunks of exactly `decode_rows` rows; blockwise attention over the chunk's key bucket."""
+        rows, dev = self.fixed_shapes.decode_rows, self.device
         out = []
         for start in range(0, fb.batch_size, rows):
             idx = slice(start, start + rows)
             m = len(fb.lengths_cpu[idx])
+            k = kv_bucket(max(fb.lengths_cpu[idx]), self.kv.max_seq_len)
             pad = rows - m
             lens = fb.lengths_cpu[idx] + [1] * pad
             slots = torch.cat([fb.slots_gpu[idx], torch.full((pad,), self._pad_slot(), device=dev)])

@@ -22,7 +22,6 @@ from omni_cli.scheduler import Request, Scheduler
 @dataclass
 class LoopStats:
     async_decode: bool
-    steps: int = 0
     sync_routed: int = 0  # decode steps sent down the sync path by lookahead_eligible
     step_ms: list[float] = field(default_factory=list)  # host time per decode iteration
     prefill_ms: list[float] = field(default_factory=list)  # host time per prefill step
@@ -61,7 +60,6 @@ def run_loop(scheduler: Scheduler, runner, on_finished: Callable[[Request], None
             if so is None:  # every running request waits on the pending step
                 resolve()
                 continue
-            stats.steps += 1
             lookahead = async_decode and not so.is_prefill
             if lookahead and not runner.lookahead_eligible(so):
                 stats.sync_routed += 1

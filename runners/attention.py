@@ -43,10 +43,6 @@ class KVCache:
         self.v_gpu = torch.zeros(shape, dtype=dtype, device=device)
         self.max_seq_len = max_seq_len
 
-    @property
-    def nbytes(self) -> int:
-        return self.k_gpu.numel() * self.k_gpu.element_size() * 2
-
 
 @dataclass
 class AttentionContext:

@@ -196,16 +196,7 @@ class ModelRunner:
         if fb is None:
             return ModelRunnerOutput(outputs={}, req_ids=[], req_id_to_index={})
         requests = scheduler_output.requests
-        if fb.is_prefill:
-            self._install_requests(fb, requests)
-            self.before_prefill(fb, requests)
-            logits = self.custom_prefill_forward(fb, requests)
-        else:
-            self.before_decode(fb, requests)
-            logits = self.custom_decode_forward(fb, requests)
-        if logits is None:
-            logits = self.engine.forward(fb)
-        result = BatchResult(logits_gpu=logits)
+        result = self._prepare_and_forward(fb, requests)
         if self.sample_before_post(fb.is_prefill):
             self._sample(result, fb, requests)
         if fb.is_prefill:
@@ -213,6 +204,17 @@ class ModelRunner:
         else:
             self.post_decode(result, fb, requests)
         return self._finalize(result, fb, requests)
+
+    def _prepare_and_forward(self, fb: ForwardBatch, requests) -> BatchResult:
+        """The hooks before the forward, then the model's own forward or the engine's."""
+        if fb.is_prefill:
+            self._install_requests(fb, requests)
+            self.before_prefill(fb, requests)
+            logits = self.custom_prefill_forward(fb, requests)
+        else:
+            self.before_decode(fb, requests)
+            logits = self.custom_decode_forward(fb, requests)
+        return BatchResult(logits_gpu=self.engine.forward(fb) if logits is None else logits)
 
     def execute_launch(self, scheduler_output) -> _PendingStep | None:
         """Enqueue a decode step and return its pending record; does not wait for the device."""
@@ -222,10 +224,8 @@ class ModelRunner:
         if fb.is_prefill:
             raise ValueError("the async lookahead launches decode steps only")
         requests = scheduler_output.requests
-        self.before_decode(fb, requests)
-        logits = self.custom_decode_forward(fb, requests)
-        result = BatchResult(logits_gpu=self.engine.forward(fb) if logits is None else logits)
-        self._sample(result, fb, requests)
+        result = self._prepare_and_forward(fb, requests)
+        self._sample(result, fb, requests)  # on the device: the next launch needs its tokens
         launch_buf = self.post_decode_launch(result, fb, requests)
         event = new_event(self.device)
         event.record()  # after the publish: query() true means launch_buf is ready

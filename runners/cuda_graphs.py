@@ -8,8 +8,9 @@ slot that no request owns) and attends over a key-length bucket (positions
 at or past a row's length are masked). The step's inputs are copied into the
 graph's static buffers; its logits are copied out before the next replay.
 
-``capture=False`` runs the same padding and buffers eagerly: the CPU uses it
-in tests, so the bucketing logic is checked where there is no GPU.
+``capture=False`` runs the same padding and buffers eagerly: deterministic
+mode decodes that way wherever graphs are not captured (the CPU), so the
+bucketing logic runs, and is tested, where there is no GPU.
 """
 
 from __future__ import annotations
@@ -19,11 +20,8 @@ import torch
 from runners.attention import AttentionContext, KVCache, kv_bucket
 
 
-def _next_pow2(n: int, lo: int) -> int:
-    b = lo
-    while b < n:
-        b *= 2
-    return b
+def _next_pow2(n: int) -> int:
+    return 1 << (n - 1).bit_length()
 
 
 class DecodeGraphs:
@@ -35,7 +33,7 @@ class DecodeGraphs:
         self._pool = torch.cuda.graph_pool_handle() if capture else None
 
     def buckets(self, rows: int, kv_len: int) -> tuple[int, int]:
-        return self.fixed_rows or _next_pow2(rows, 1), kv_bucket(kv_len, self.kv.max_seq_len)
+        return self.fixed_rows or _next_pow2(rows), kv_bucket(kv_len, self.kv.max_seq_len)
 
     def _build(self, rows: int, k: int, deterministic: bool, inputs_like: dict[str, torch.Tensor]):
         pad_slot = self.kv.k_gpu.shape[1] - 1

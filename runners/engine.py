@@ -26,20 +26,18 @@ from dataclasses import dataclass, field
 
 import torch
 
-from runners.attention import AttentionContext, KVCache, kv_bucket
+from runners.attention import AttentionContext, KVCache
 
 
 @dataclass
 class ForwardBatch:
     is_prefill: bool
     rids: list[str]
-    slots_cpu: list[int]
     slots_gpu: torch.Tensor  # [B]
     lengths_cpu: list[int]  # per row: tokens in the slot after this forward
     steps_cpu: list[int]  # per row: index of the frame this step samples
     steps_gpu: torch.Tensor  # [B]
     positions_gpu: torch.Tensor  # [B, T]
-    attn: AttentionContext
     model_inputs: dict[str, torch.Tensor] = field(default_factory=dict)
 
     @property
@@ -63,7 +61,11 @@ class Engine:
         self.kv = kv  # deterministic mode: one slot more than requests can own (the padding rows' slot)
         self.device = device
         self.fixed_shapes = fixed_shapes  # None: default mode (shapes follow the batch)
-        self.graphs = None  # DecodeGraphs: decode steps replay CUDA graphs (see use_graphs)
+        # padded decode (runners/cuda_graphs.py): deterministic mode always
+        # decodes through it; use_graphs() makes it replay CUDA graphs
+        self.graphs = None
+        if fixed_shapes is not None:
+            self.use_graphs(capture=False)
 
     def use_graphs(self, capture: bool = True) -> None:
         """Decode through DecodeGraphs (CUDA graphs when capture; the same padding eagerly otherwise)."""
@@ -91,43 +93,38 @@ class Engine:
             t = max(lens)
             ids = [r.prompt_ids + [0] * (t - len(r.prompt_ids)) for r in reqs]
             positions = [list(range(t)) for _ in reqs]
-            ar = torch.arange(t)
-            # causal within the row, and never onto the row's right padding
-            valid = ar[None, :] < torch.tensor(lens)[:, None]  # [B, K]
-            mask = (ar[None, :, None] >= ar[None, None, :]) & valid[:, None, :]  # [B, T, K]
             model_inputs = {"input_ids": self._tensor(ids)}
-            kv_len = t
         else:
             # frame s-1 is fed at position prompt_len + s - 1 to sample frame s
             pos = [len(r.prompt_ids) + s - 1 for r, s in zip(reqs, scheduler_output.steps)]
             lens = [p + 1 for p in pos]
-            kv_len = max(lens)
             positions = [[p] for p in pos]
-            mask = (torch.arange(kv_len)[None, :] < torch.tensor(lens)[:, None])[:, None, :]  # [B, 1, K]
             model_inputs = {}
-        slots_gpu = self._tensor(slots)
-        positions_gpu = self._tensor(positions)
-        attn = AttentionContext(
-            kv=self.kv,
-            is_prefill=scheduler_output.is_prefill,
-            slots_gpu=slots_gpu,
-            positions_gpu=positions_gpu,
-            mask_gpu=mask[:, None].to(self.device, non_blocking=True),
-            kv_len=kv_len,
-        )
         steps = list(scheduler_output.steps)
         return ForwardBatch(
             is_prefill=scheduler_output.is_prefill,
             rids=[r.rid for r in reqs],
-            slots_cpu=slots,
-            slots_gpu=slots_gpu,
+            slots_gpu=self._tensor(slots),
             lengths_cpu=lens,
             steps_cpu=steps,
             steps_gpu=self._tensor(steps),
-            positions_gpu=positions_gpu,
-            attn=attn,
+            positions_gpu=self._tensor(positions),
             model_inputs=model_inputs,
         )
+
+    def _batch_attention(self, fb: ForwardBatch) -> AttentionContext:
+        """The default path's attention: the batch as it is, keys up to its longest row."""
+        lens = torch.tensor(fb.lengths_cpu)
+        k = max(fb.lengths_cpu)
+        valid = torch.arange(k)[None, :] < lens[:, None]  # [B, K]: never onto a row's right padding
+        if fb.is_prefill:
+            ar = torch.arange(k)
+            mask = (ar[None, :, None] >= ar[None, None, :]) & valid[:, None, :]  # [B, T, K], causal
+        else:
+            mask = valid[:, None, :]  # [B, 1, K]
+        return AttentionContext(kv=self.kv, is_prefill=fb.is_prefill, slots_gpu=fb.slots_gpu,
+                                positions_gpu=fb.positions_gpu, mask_gpu=mask[:, None].to(self.device, non_blocking=True),
+                                kv_len=k)
 
     @torch.inference_mode()
     def forward(self, fb: ForwardBatch) -> torch.Tensor:
@@ -137,18 +134,15 @@ class Engine:
                 self.graphs.run(fb.slots_gpu[i: i + rows], fb.positions_gpu[i: i + rows], fb.lengths_cpu[i: i + rows],
                                 {k: v[i: i + rows] for k, v in fb.model_inputs.items()}, self.deterministic)
                 for i in range(0, fb.batch_size, rows)])
-        if self.deterministic:
-            return self._forward_fixed_shapes(fb)
-        hidden = self.model(fb.attn, **fb.model_inputs)  # [B, T, H]
+        if self.deterministic:  # prefill; decode went through self.graphs above
+            return self._prefill_fixed(fb)
+        hidden = self.model(self._batch_attention(fb), **fb.model_inputs)  # [B, T, H]
         if fb.is_prefill:
             last = self._tensor([n - 1 for n in fb.lengths_cpu])
             hidden = hidden[torch.arange(fb.batch_size, device=hidden.device), last]
         else:
             hidden = hidden[:, 0]
         return self.model.compute_logits(hidden)
-
-    def _forward_fixed_shapes(self, fb: ForwardBatch) -> torch.Tensor:
-        return self._prefill_fixed(fb) if fb.is_prefill else self._decode_fixed(fb)
 
     def _pad_slot(self) -> int:
         return self.kv.k_gpu.shape[1] - 1  # the spare slot no request owns
@@ -187,22 +181,3 @@ class Engine:
                 for j, i in enumerate(chunk):
                     out[i] = logits[j]
         return torch.stack(out)
-
-    def _decode_fixed(self, fb: ForwardBatch) -> torch.Tensor:
-        """Chunks of exactly `decode_rows` rows; blockwise attention over the chunk's key bucket."""
-        rows, dev = self.fixed_shapes.decode_rows, self.device
-        out = []
-        for start in range(0, fb.batch_size, rows):
-            idx = slice(start, start + rows)
-            m = len(fb.lengths_cpu[idx])
-            k = kv_bucket(max(fb.lengths_cpu[idx]), self.kv.max_seq_len)
-            pad = rows - m
-            lens = fb.lengths_cpu[idx] + [1] * pad
-            slots = torch.cat([fb.slots_gpu[idx], torch.full((pad,), self._pad_slot(), device=dev)])
-            positions = torch.cat([fb.positions_gpu[idx], torch.zeros(pad, 1, dtype=torch.int64, device=dev)])
-            mask = (torch.arange(k)[None, :] < torch.tensor(lens)[:, None])[:, None, None].to(dev)
-            attn = AttentionContext(kv=self.kv, is_prefill=False, slots_gpu=slots, positions_gpu=positions,
-                                    mask_gpu=mask, kv_len=k, deterministic=True)
-            inputs = {name: torch.cat([v[idx], v.new_zeros((pad, *v.shape[1:]))]) for name, v in fb.model_inputs.items()}
-            out.append(self.model.compute_logits(self.model(attn, **inputs)[:, 0])[:m])  # head at the fixed shape too
-        return torch.cat(out)

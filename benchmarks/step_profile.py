@@ -4,7 +4,7 @@ For each batch size, in one run:
   step      the runner's whole decode step through the scheduler loop (async, graphs), median ms
   forward   the graphed decode forward alone (input copies + replay + logits copy), ms
   sample    the draw alone on [batch * 8, codebook] logits (temperature, top-k, top-p), ms
-  kernels   the eager forward's GPU time by kernel (torch.profiler), top entries
+  kernels   GPU time by kernel of the same forward launched eagerly (torch.profiler), top entries
 Prints a table and writes JSON.
 
   python benchmarks/step_profile.py --batch 1 64 --out step_profile.json
@@ -69,7 +69,9 @@ def main() -> None:
                      torch.bfloat16, device)
         engine = Engine(model, kv, device)
         fb = _decode_batch(engine, b, args.kv_len, c)
+        engine.use_graphs(capture=False)  # the graphed computation, launched eagerly
         eager_ms = _time_ms(lambda: engine.forward(fb), 10)
+        eager_graphs = engine.graphs
         engine.use_graphs()
         fwd_ms = _time_ms(lambda: engine.forward(fb), 50)
         r = b * c
@@ -78,7 +80,7 @@ def main() -> None:
                    top_p=torch.full((r,), 0.95, device=device), min_p=torch.zeros(r, device=device),
                    seeds=torch.arange(r, device=device), positions=torch.arange(r, device=device))
         sample_ms = _time_ms(lambda: draw(logits, **par), 50)
-        engine.graphs = None
+        engine.graphs = eager_graphs
         with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
             for _ in range(3):
                 engine.forward(fb)

@@ -35,6 +35,17 @@ _BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBack
 _DETERMINISTIC_BACKENDS = [SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 
 
+def decode_kernel_available(device: torch.device) -> bool:
+    """The Triton decode-attention kernel runs on CUDA devices where Triton is installed."""
+    if device.type != "cuda":
+        return False
+    try:
+        import triton  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
 class KVCache:
     def __init__(self, num_layers: int, num_slots: int, num_kv_heads: int, max_seq_len: int, head_dim: int,
                  dtype: torch.dtype, device: torch.device):
@@ -50,8 +61,11 @@ class AttentionContext:
     is_prefill: bool
     slots_gpu: torch.Tensor  # [B] int64
     positions_gpu: torch.Tensor  # [B, T] int64: rope positions, and cache write positions
-    mask_gpu: torch.Tensor  # [B, 1, T, K] bool, True = may attend
+    mask_gpu: torch.Tensor | None  # [B, 1, T, K] bool, True = may attend (None with lengths_gpu)
     kv_len: int  # K: keys attended per row (host-known: max sequence length in the batch)
+    # decode on CUDA: keys per row [B]; attention is then the Triton kernel that
+    # reads the slot cache in place up to each row's length (runners/decode_attention.py)
+    lengths_gpu: torch.Tensor | None = None
     # Deterministic mode: prefill pins SDPA's memory-efficient kernel at fixed
     # shapes; decode uses _blockwise. Measured on an H200 (torch 2.11): the
     # backend SDPA picks by default there (cuDNN) gives different bits when
@@ -71,6 +85,10 @@ class AttentionContext:
             pos = self.positions_gpu[:, 0]
             kc[self.slots_gpu, :, pos] = k[:, :, 0]
             vc[self.slots_gpu, :, pos] = v[:, :, 0]
+            if self.lengths_gpu is not None:
+                from runners.decode_attention import decode_attention
+
+                return decode_attention(q, kc, vc, self.slots_gpu, self.lengths_gpu)
             if self.deterministic:
                 return self._blockwise(q, kc, vc)
             # slice first, then gather: kc[slots] would copy all max_seq_len positions

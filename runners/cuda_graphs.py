@@ -4,8 +4,10 @@ An eager decode step of the 3B model launches ~900 kernels and is host-bound
 (~25 ms of launches for ~8 ms of GPU work, measured on an H200). A graph
 replays the whole forward with one launch. Shapes must be static, so a step
 is padded to the next row bucket (padding rows read and write the spare KV
-slot that no request owns) and attends over a key-length bucket (positions
-at or past a row's length are masked). The step's inputs are copied into the
+slot that no request owns). With the Triton decode-attention kernel (CUDA
+with Triton) each row's length is a graph input and one graph serves every
+key length; without it a step attends over a key-length bucket (positions at
+or past a row's length are masked), one graph per bucket. The step's inputs are copied into the
 graph's static buffers; its logits are copied out before the next replay.
 
 ``capture=False`` runs the same padding and buffers eagerly: deterministic
@@ -17,7 +19,7 @@ from __future__ import annotations
 
 import torch
 
-from runners.attention import AttentionContext, KVCache, kv_bucket
+from runners.attention import AttentionContext, KVCache, decode_kernel_available, kv_bucket
 
 
 def _next_pow2(n: int) -> int:
@@ -29,26 +31,32 @@ class DecodeGraphs:
                  fixed_rows: int | None = None):
         self.model, self.kv, self.device, self.capture = model, kv, device, capture
         self.fixed_rows = fixed_rows  # deterministic mode: always this many rows
+        self.kernel = decode_kernel_available(device)  # attention reads lengths, not a mask
         self._entries: dict[tuple[int, int], tuple] = {}
         self._pool = torch.cuda.graph_pool_handle() if capture else None
 
     def buckets(self, rows: int, kv_len: int) -> tuple[int, int]:
-        return self.fixed_rows or _next_pow2(rows), kv_bucket(kv_len, self.kv.max_seq_len)
+        keys = 0 if self.kernel else kv_bucket(kv_len, self.kv.max_seq_len)  # 0: any length
+        return self.fixed_rows or _next_pow2(rows), keys
 
     def _build(self, rows: int, k: int, deterministic: bool, inputs_like: dict[str, torch.Tensor]):
         pad_slot = self.kv.k_gpu.shape[1] - 1
         st = {
             "slots": torch.full((rows,), pad_slot, dtype=torch.int64, device=self.device),
             "positions": torch.zeros(rows, 1, dtype=torch.int64, device=self.device),
-            "mask": torch.zeros(rows, 1, 1, k, dtype=torch.bool, device=self.device),
         }
-        st["mask"][..., 0] = True
+        if self.kernel:
+            st["lengths"] = torch.ones(rows, dtype=torch.int64, device=self.device)
+        else:
+            st["mask"] = torch.zeros(rows, 1, 1, k, dtype=torch.bool, device=self.device)
+            st["mask"][..., 0] = True
         inputs = {name: torch.zeros((rows, *v.shape[1:]), dtype=v.dtype, device=self.device)
                   for name, v in inputs_like.items()}
 
         def forward() -> torch.Tensor:
             attn = AttentionContext(kv=self.kv, is_prefill=False, slots_gpu=st["slots"], positions_gpu=st["positions"],
-                                    mask_gpu=st["mask"], kv_len=k, deterministic=deterministic)
+                                    mask_gpu=st.get("mask"), kv_len=k, deterministic=deterministic,
+                                    lengths_gpu=st.get("lengths"))
             return self.model.compute_logits(self.model(attn, **inputs)[:, 0])
 
         if not self.capture:
@@ -80,7 +88,10 @@ class DecodeGraphs:
         st["positions"][:n] = positions
         lens = torch.ones(rows, dtype=torch.int64)
         lens[:n] = torch.tensor(lengths)
-        st["mask"].copy_((torch.arange(k)[None, :] < lens[:, None])[:, None, None], non_blocking=True)
+        if self.kernel:
+            st["lengths"].copy_(lens, non_blocking=True)
+        else:
+            st["mask"].copy_((torch.arange(k)[None, :] < lens[:, None])[:, None, None], non_blocking=True)
         for name, v in model_inputs.items():
             inputs[name].zero_()
             inputs[name][:n] = v

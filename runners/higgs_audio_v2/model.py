@@ -8,6 +8,12 @@ rows, offset per codebook); the head ``audio_lm_head`` predicts 8 x codebook_siz
 
 Parameter names equal transformers' HiggsAudioV2ForConditionalGeneration
 state-dict keys, so its safetensors load as they are.
+
+On CUDA with Triton, decode runs a fused path (``_decode_fused``): q/k/v and
+gate/up are one GEMM each (the modules' weights become views of one fused
+tensor, so no memory is added), and norms, rotary embedding with the KV
+write, and silu-times-up are single kernels (runners/fused_ops.py). Prefill
+and the CPU always run the plain modules.
 """
 
 from __future__ import annotations
@@ -35,15 +41,39 @@ class RMSNorm(nn.Module):
         return self.weight * x32.to(dtype)
 
 
+def _fuse_linears(linears: list[nn.Linear]) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Concatenate the weights [and biases] of linears with one input; each module's
+    parameters become row views of the result (contiguous, so F.linear is unchanged)."""
+    weight = torch.cat([m.weight.data for m in linears])
+    bias = torch.cat([m.bias.data for m in linears]) if linears[0].bias is not None else None
+    row = 0
+    for m in linears:
+        n = m.weight.shape[0]
+        m.weight.data = weight[row: row + n]
+        if bias is not None:
+            m.bias.data = bias[row: row + n]
+        row += n
+    return weight, bias
+
+
 class MLP(nn.Module):
     def __init__(self, hidden: int, inter: int):
         super().__init__()
         self.gate_proj = nn.Linear(hidden, inter, bias=False)
         self.up_proj = nn.Linear(hidden, inter, bias=False)
         self.down_proj = nn.Linear(inter, hidden, bias=False)
+        self.gate_up_weight: torch.Tensor | None = None  # [2 * inter, hidden] once fused
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+    def fuse(self) -> None:
+        self.gate_up_weight, _ = _fuse_linears([self.gate_proj, self.up_proj])
+
+    def forward_fused(self, x: torch.Tensor) -> torch.Tensor:
+        from runners.fused_ops import silu_mul
+
+        return self.down_proj(silu_mul(F.linear(x, self.gate_up_weight)))
 
 
 def rope_inv_freq(cfg: HiggsConfig) -> torch.Tensor:
@@ -81,6 +111,8 @@ class Attention(nn.Module):
         self.k_proj = nn.Linear(cfg.hidden_size, self.n_kv * self.head_dim, bias=cfg.attention_bias)
         self.v_proj = nn.Linear(cfg.hidden_size, self.n_kv * self.head_dim, bias=cfg.attention_bias)
         self.o_proj = nn.Linear(self.n_heads * self.head_dim, cfg.hidden_size, bias=cfg.attention_bias)
+        self.qkv_weight: torch.Tensor | None = None  # [(H + 2 KVH) * D, hidden] once fused
+        self.qkv_bias: torch.Tensor | None = None
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, ctx: AttentionContext) -> torch.Tensor:
         b, t, _ = x.shape
@@ -92,6 +124,22 @@ class Attention(nn.Module):
         k = k * cos + _rotate_half(k) * sin
         out = ctx.attend(self.layer, q, k, v)
         return self.o_proj(out.transpose(1, 2).reshape(b, t, -1))
+
+    def fuse(self) -> None:
+        self.qkv_weight, self.qkv_bias = _fuse_linears([self.q_proj, self.k_proj, self.v_proj])
+
+    def decode_fused(self, x: torch.Tensor, rope_cos: torch.Tensor, rope_sin: torch.Tensor,
+                     ctx: AttentionContext) -> torch.Tensor:
+        """x [B, hidden] (one decode token per row) -> [B, hidden]."""
+        from runners.decode_attention import decode_attention
+        from runners.fused_ops import rope_kv_write
+
+        kc, vc = ctx.kv.k_gpu[self.layer], ctx.kv.v_gpu[self.layer]
+        qkv = F.linear(x, self.qkv_weight, self.qkv_bias)
+        q = rope_kv_write(qkv, rope_cos, rope_sin, ctx.positions_gpu[:, 0], ctx.slots_gpu, kc, vc,
+                          self.n_heads, self.n_kv)
+        out = decode_attention(q, kc, vc, ctx.slots_gpu, ctx.lengths_gpu)  # [B, H, 1, D]
+        return self.o_proj(out.reshape(x.shape[0], -1))
 
 
 class DecoderLayer(nn.Module):
@@ -124,6 +172,17 @@ class DecoderLayer(nn.Module):
         out[audio_mask] = x[audio_mask] + self.audio_mlp(self.audio_post_attention_layernorm(x[audio_mask]))
         return out
 
+    def decode_fused(self, x, delta, rope_cos, rope_sin, ctx) -> tuple[torch.Tensor, torch.Tensor]:
+        """The audio path of one decode token per row, x [B, hidden]. The residual
+        add of the previous layer's MLP output (delta) is fused into this layer's
+        first norm; returns (residual, this layer's MLP output)."""
+        from runners.fused_ops import add_rmsnorm
+
+        n1, n2 = self.audio_input_layernorm, self.audio_post_attention_layernorm
+        x, h = add_rmsnorm(x, delta, n1.weight, n1.eps)
+        x, h = add_rmsnorm(x, self.self_attn.decode_fused(h, rope_cos, rope_sin, ctx), n2.weight, n2.eps)
+        return x, self.audio_mlp.forward_fused(h)
+
 
 class AudioEmbeddings(nn.Module):
     def __init__(self, cfg: HiggsConfig):
@@ -152,6 +211,7 @@ class HiggsAudioV2LM(nn.Module):
         self.model = Backbone(cfg)
         self.audio_lm_head = nn.Linear(cfg.hidden_size, cfg.num_codebooks * cfg.codebook_size, bias=False)
         self.max_seq_len = max_seq_len
+        self.fused = False  # set by to_runtime: decode through _decode_fused
         self._set_rope(torch.device("cpu"))
 
     def _set_rope(self, device: torch.device) -> None:
@@ -165,8 +225,15 @@ class HiggsAudioV2LM(nn.Module):
 
     def to_runtime(self, device: torch.device, dtype: torch.dtype) -> "HiggsAudioV2LM":
         """Weights to ``dtype`` on ``device``; rope tables stay float32."""
+        from runners.attention import decode_kernel_available
+
         self.to(device=device, dtype=dtype)
         self._set_rope(device)
+        if decode_kernel_available(device):
+            for layer in self.model.layers:
+                layer.self_attn.fuse()
+                layer.audio_mlp.fuse()
+            self.fused = True
         return self.eval()
 
     def forward(self, ctx: AttentionContext, input_ids: torch.Tensor | None = None,
@@ -179,11 +246,23 @@ class HiggsAudioV2LM(nn.Module):
         else:
             x = self.model.embed_audio_tokens(audio_codes)
             audio_mask = None
+            if self.fused and ctx.lengths_gpu is not None:
+                return self._decode_fused(x, ctx)
         cos = self.rope_cos[ctx.positions_gpu].to(x.dtype)
         sin = self.rope_sin[ctx.positions_gpu].to(x.dtype)
         for layer in self.model.layers:
             x = layer(x, cos, sin, ctx, audio_mask)
         return self.model.norm(x)
+
+    def _decode_fused(self, x: torch.Tensor, ctx: AttentionContext) -> torch.Tensor:
+        """x [B, 1, hidden] audio embeddings -> final hidden [B, 1, hidden] (CUDA decode)."""
+        from runners.fused_ops import add_rmsnorm
+
+        x, delta = x[:, 0], None
+        for layer in self.model.layers:
+            x, delta = layer.decode_fused(x, delta, self.rope_cos, self.rope_sin, ctx)
+        norm = self.model.norm
+        return add_rmsnorm(x, delta, norm.weight, norm.eps)[1][:, None]
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden [B, H] -> float32 logits [B, C * codebook_size]."""

@@ -1,0 +1,121 @@
+"""Fused elementwise kernels of the CUDA decode step (Triton; CUDA only).
+
+An unfused decode layer runs about 50 kernels (the RMSNorm alone is eight:
+cast, square, mean, add, rsqrt, multiply, cast, weight), so a CUDA-graphed
+step of the 3B model spends more time between and inside tiny kernels than
+in its GEMMs. These kernels do the same arithmetic, rounding where the
+PyTorch ops round (every bf16 op result is rounded to bf16; reductions and
+the norm run in float32), in one pass each:
+  add_rmsnorm     x + delta (rounded), then RMSNorm of the sum: 2 outputs
+  rope_kv_write   rotary embedding of q and k from a fused qkv row, q to a
+                  buffer, k and v straight into the slot KV cache
+  silu_mul        silu(gate) * up from a fused gate_up row
+The CPU keeps the PyTorch forward (runners/higgs_audio_v2/model.py).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _add_rmsnorm_kernel(x_ptr, delta_ptr, w_ptr, x_out_ptr, h_out_ptr, n, eps,
+                        HAS_DELTA: tl.constexpr, BLOCK: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.arange(0, BLOCK)
+    ok = cols < n
+    x = tl.load(x_ptr + row * n + cols, mask=ok, other=0.0)
+    if HAS_DELTA:
+        x = (x.to(tl.float32) + tl.load(delta_ptr + row * n + cols, mask=ok, other=0.0).to(tl.float32)).to(x.dtype)
+        tl.store(x_out_ptr + row * n + cols, x, mask=ok)
+    x32 = x.to(tl.float32)
+    normed = (x32 * tl.rsqrt(tl.sum(x32 * x32, 0) / n + eps)).to(x.dtype)  # rounded, then the weight
+    w = tl.load(w_ptr + cols, mask=ok, other=0.0)
+    tl.store(h_out_ptr + row * n + cols, (w.to(tl.float32) * normed.to(tl.float32)).to(x.dtype), mask=ok)
+
+
+def add_rmsnorm(x: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tensor, eps: float):
+    """x, delta [..., n] -> (x + delta, rmsnorm(x + delta) * weight); delta None: (x, rmsnorm(x) * weight)."""
+    n = x.shape[-1]
+    x = x.contiguous()
+    h = torch.empty_like(x)
+    x_out = torch.empty_like(x) if delta is not None else x
+    _add_rmsnorm_kernel[(x.numel() // n,)](x, delta.contiguous() if delta is not None else x, weight, x_out, h, n, eps,
+                                           HAS_DELTA=delta is not None, BLOCK=triton.next_power_of_2(n))
+    return x_out, h
+
+
+@triton.jit
+def _rope_kv_write_kernel(qkv_ptr, cos_ptr, sin_ptr, pos_ptr, slots_ptr, q_out_ptr, k_cache_ptr, v_cache_ptr,
+                          stride_cs, stride_ch, stride_ct,
+                          H: tl.constexpr, KVH: tl.constexpr, D: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    head = tl.program_id(1)  # 0..H-1 query heads, H..H+KVH-1 key heads, then value heads
+    half = tl.arange(0, D // 2)
+    src = qkv_ptr + row * (H + 2 * KVH) * D + head * D
+    x1 = tl.load(src + half)
+    x2 = tl.load(src + D // 2 + half)
+    pos = tl.load(pos_ptr + row)
+    slot = tl.load(slots_ptr + row).to(tl.int64)
+    kv_head = head - H - KVH * (head >= H + KVH)
+    dst = slot * stride_cs + kv_head.to(tl.int64) * stride_ch + pos * stride_ct
+    if head >= H + KVH:  # value: stored as it is
+        tl.store(v_cache_ptr + dst + half, x1)
+        tl.store(v_cache_ptr + dst + D // 2 + half, x2)
+    else:
+        # the reference: q * cos + rotate_half(q) * sin, each product and the sum
+        # rounded to the activation dtype; the float32 tables are cast first
+        dt = x1.dtype
+        c1 = tl.load(cos_ptr + pos * D + half).to(dt).to(tl.float32)
+        c2 = tl.load(cos_ptr + pos * D + D // 2 + half).to(dt).to(tl.float32)
+        s1 = tl.load(sin_ptr + pos * D + half).to(dt).to(tl.float32)
+        s2 = tl.load(sin_ptr + pos * D + D // 2 + half).to(dt).to(tl.float32)
+        a1, a2 = x1.to(tl.float32), x2.to(tl.float32)
+        o1 = ((a1 * c1).to(dt).to(tl.float32) + (-a2 * s1).to(dt).to(tl.float32)).to(dt)
+        o2 = ((a2 * c2).to(dt).to(tl.float32) + (a1 * s2).to(dt).to(tl.float32)).to(dt)
+        if head < H:
+            q_dst = q_out_ptr + row * H * D + head * D
+            tl.store(q_dst + half, o1)
+            tl.store(q_dst + D // 2 + half, o2)
+        else:
+            tl.store(k_cache_ptr + dst + half, o1)
+            tl.store(k_cache_ptr + dst + D // 2 + half, o2)
+
+
+def rope_kv_write(qkv: torch.Tensor, cos_table: torch.Tensor, sin_table: torch.Tensor, positions: torch.Tensor,
+                  slots: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, n_heads: int, n_kv: int
+                  ) -> torch.Tensor:
+    """One decode token per row. qkv [B, (H + 2 KVH) * D]; cos/sin tables [max_seq_len, D] float32;
+    positions, slots [B]; k/v_cache one layer [S, KVH, L, D]. Writes k (rotated) and v at
+    [slot, :, position]; returns rotated q [B, H, 1, D]."""
+    b = qkv.shape[0]
+    d = cos_table.shape[1]
+    q = torch.empty((b, 1, n_heads, d), dtype=qkv.dtype, device=qkv.device)
+    _rope_kv_write_kernel[(b, n_heads + 2 * n_kv)](
+        qkv.contiguous(), cos_table, sin_table, positions, slots, q, k_cache, v_cache,
+        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), H=n_heads, KVH=n_kv, D=d)
+    return q.transpose(1, 2)
+
+
+@triton.jit
+def _silu_mul_kernel(gu_ptr, out_ptr, f, BLOCK: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    ok = cols < f
+    g = tl.load(gu_ptr + row * 2 * f + cols, mask=ok, other=0.0)
+    u = tl.load(gu_ptr + row * 2 * f + f + cols, mask=ok, other=0.0)
+    g32 = g.to(tl.float32)
+    s = (g32 / (1.0 + tl.exp(-g32))).to(g.dtype)  # F.silu, rounded
+    tl.store(out_ptr + row * f + cols, (s.to(tl.float32) * u.to(tl.float32)).to(g.dtype), mask=ok)
+
+
+def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    """gate_up [..., 2F] (gate first) -> silu(gate) * up [..., F]."""
+    f = gate_up.shape[-1] // 2
+    gate_up = gate_up.contiguous()
+    out = torch.empty((*gate_up.shape[:-1], f), dtype=gate_up.dtype, device=gate_up.device)
+    block = 1024
+    _silu_mul_kernel[(gate_up.numel() // (2 * f), triton.cdiv(f, block))](gate_up, out, f, BLOCK=block)
+    return out

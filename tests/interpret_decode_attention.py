@@ -1,0 +1,71 @@
+"""Run the Triton decode-attention kernel in Triton's CPU interpreter and check it.
+
+Run as a subprocess by tests/test_decode_attention.py with TRITON_INTERPRET=1
+(the variable must be set before the kernel is defined). The interpreter
+computes in float32 here: its bf16 tl.dot gives garbage on the CPU, so bf16
+is left to the GPU tests.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import torch
+import triton.runtime.interpreter as interp
+
+
+def _patch_interpreter_scalars() -> None:
+    # triton 3.6's interpreter keeps a scalar as a 1-element array, and numpy 2
+    # refuses int() of one: a loop bound loaded from memory (`range(0, length, B)`)
+    # fails in the interpreter only. Read the element instead.
+    orig = interp._patch_lang_tensor
+
+    def patched(tensor, scope):
+        orig(tensor, scope)
+        scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.reshape(-1)[0]))
+
+    interp._patch_lang_tensor = patched
+
+
+def _reference(q, kc, vc, slots, lengths):
+    """Plain attention per row over its own keys, in float64. q [B, H, 1, D]."""
+    b, h, _, d = q.shape
+    rep = h // kc.shape[1]
+    out = torch.empty(b, h, 1, d, dtype=torch.float64)
+    for i in range(b):
+        k = kc[slots[i], :, : lengths[i]].double().repeat_interleave(rep, 0)  # [H, n, D]
+        v = vc[slots[i], :, : lengths[i]].double().repeat_interleave(rep, 0)
+        out[i] = torch.softmax(q[i].double() @ k.transpose(-1, -2) * d ** -0.5, -1) @ v
+    return out
+
+
+def main() -> int:
+    _patch_interpreter_scalars()
+    from runners.decode_attention import BLOCK_N, decode_attention
+
+    g = torch.Generator().manual_seed(0)
+    slots_n, kvh, max_len, d, h = 7, 2, 3 * BLOCK_N + 5, 32, 6  # 3 query heads per KV head, as in Higgs 3B
+    kc = torch.randn(slots_n, kvh, max_len, d, generator=g)
+    vc = torch.randn(slots_n, kvh, max_len, d, generator=g)
+    # lengths on both sides of the key-block edges; slots out of order
+    slots = torch.tensor([4, 0, 6, 1, 3])
+    lengths = torch.tensor([1, BLOCK_N, BLOCK_N + 1, 2 * BLOCK_N - 1, max_len])
+    q = torch.randn(len(slots), 1, h, d, generator=g).transpose(1, 2)  # the model's [B, H, 1, D] view
+    out = decode_attention(q, kc, vc, slots, lengths)
+    err = (out.double() - _reference(q, kc, vc, slots, lengths)).abs().max().item()
+    failures = []
+    if not err < 1e-5:
+        failures.append(f"max abs error {err} against the float64 reference")
+    # a row alone, and with its keys' tail changed past its length, gives the same bits
+    kc2, vc2 = kc.clone(), vc.clone()
+    kc2[slots[2], :, lengths[2]:] = 1e4
+    vc2[slots[2], :, lengths[2]:] = float("nan")
+    alone = decode_attention(q[2:3].contiguous(), kc2, vc2, slots[2:3], lengths[2:3])
+    if not torch.equal(alone[0], out[2]):
+        failures.append("row 2 alone (garbage past its length) differs from row 2 in the batch")
+    print("\n".join(failures) or f"ok (max abs error {err:.2e})")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

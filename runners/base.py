@@ -7,10 +7,16 @@ lookahead ``execute_launch`` / ``execute_resolve`` (async decode; see below).
   1. the engine builds the forward batch (nothing to run -> empty output);
   2. ``before_prefill`` / ``before_decode`` set model inputs and device state;
   3. ``custom_*_forward`` may own the forward; returning None uses the engine's;
-  4. if ``sample_before_post`` says so, sample now so the post hook sees tokens;
+  4. sample (a prefill only if ``sample_before_post`` says so; a decode step
+     always) and, for a decode step, ``publish`` the step on the device;
   5. ``post_prefill`` / ``post_decode``: the model's collect (its one host sync);
   6. ``_finalize``: sample if not done yet, extract per-request outputs, and do
      the per-request step bookkeeping.
+A decode step's device work (3-4: forward, logit processing, the draw and
+the publish) is one body, ``_decode_device``, which the engine runs inside
+the step's CUDA graph where it captures graphs: no kernel of it is launched
+from Python then. Host-side choices the body makes (which processors run,
+the RAS window) come from the requests as a SampleFlags and key the graph.
 Shared logit processing lives here too, after the model's ``process_logits``:
 repetition penalty over each request's earlier output, suppress tokens, then
 the seeded draw and the logprob of the sampled token.
@@ -71,7 +77,27 @@ class BatchResult:
     next_token_ids_gpu: torch.Tensor | None = None  # [B, num_streams]
     logprobs_gpu: torch.Tensor | None = None  # [B, num_streams] float32
     raw_logprobs_gpu: torch.Tensor | None = None  # [B, num_streams]: unprocessed model logprobs
+    payload_gpu: torch.Tensor | None = None  # what ``publish`` made of a decode step for the host, [B, ...]
     host: np.ndarray | None = None  # the model's collected payload, [B, ...]
+
+
+@dataclass(frozen=True)
+class SampleFlags:
+    """The host-side choices of a step's sampling (they key the step's CUDA graph)."""
+
+    penalty: bool  # some row has a repetition penalty
+    suppress: bool  # some row suppresses tokens
+    ras_window: int  # widest RAS window in the batch (0: no RAS)
+    history: int  # frames of history the penalty scans
+
+    @classmethod
+    def of(cls, requests, steps_cpu: list[int], full_history: int | None) -> "SampleFlags":
+        """full_history: scan every history position (a graph's shapes cannot follow the
+        steps; unwritten positions hold -1 and count for nothing), else up to the batch's step."""
+        penalty = any(r.params.repetition_penalty != 1.0 for r in requests)
+        return cls(penalty=penalty, suppress=any(r.params.suppress_tokens for r in requests),
+                   ras_window=max(r.params.ras_win_len for r in requests),
+                   history=(full_history or max(max(steps_cpu), 1)) if penalty else 0)
 
 
 @dataclass
@@ -124,7 +150,9 @@ class ModelRunner:
         self.device = device
         self.num_slots = num_slots
         self.raw_logprobs = raw_logprobs  # also report the unprocessed model logprobs
-        s, c, v = num_slots, self.num_streams, self.vocab_size
+        # device tables hold one slot more than requests can own: padding rows
+        # of a graphed or fixed-shape step use it (the engine's spare KV slot)
+        s, c, v = num_slots + 1, self.num_streams, self.vocab_size
         self.slot_gpu = {name: torch.zeros(s, dtype=dt, device=device) for name, (dt, _) in _SLOT_PARAMS.items()}
         self.suppress_gpu = torch.zeros(s, v, dtype=torch.bool, device=device)
         # every token sampled so far, per slot and stream; -1 = none yet
@@ -152,6 +180,11 @@ class ModelRunner:
 
     def sample_before_post(self, is_prefill: bool) -> bool:
         return False
+
+    def publish(self, result: BatchResult, fb: ForwardBatch) -> torch.Tensor | None:
+        """Device half of a decode step's collect, after sampling: advance model state on the
+        device and return the payload the host reads (part of the step's CUDA graph)."""
+        return None
 
     def process_logits(self, logits_gpu: torch.Tensor, fb: ForwardBatch, requests) -> torch.Tensor:
         """Model-specific logit processing; returns scores [B, num_streams, vocab]."""
@@ -196,25 +229,42 @@ class ModelRunner:
         if fb is None:
             return ModelRunnerOutput(outputs={}, req_ids=[], req_id_to_index={})
         requests = scheduler_output.requests
-        result = self._prepare_and_forward(fb, requests)
-        if self.sample_before_post(fb.is_prefill):
-            self._sample(result, fb, requests)
-        if fb.is_prefill:
-            self.post_prefill(result, fb, requests)
-        else:
-            self.post_decode(result, fb, requests)
-        return self._finalize(result, fb, requests)
-
-    def _prepare_and_forward(self, fb: ForwardBatch, requests) -> BatchResult:
-        """The hooks before the forward, then the model's own forward or the engine's."""
         if fb.is_prefill:
             self._install_requests(fb, requests)
             self.before_prefill(fb, requests)
             logits = self.custom_prefill_forward(fb, requests)
+            result = BatchResult(logits_gpu=self.engine.forward(fb) if logits is None else logits)
+            if self.sample_before_post(True):
+                self._sample(result, fb, requests)
+            self.post_prefill(result, fb, requests)
         else:
-            self.before_decode(fb, requests)
-            logits = self.custom_decode_forward(fb, requests)
-        return BatchResult(logits_gpu=self.engine.forward(fb) if logits is None else logits)
+            result = self._decode_step(fb, requests)
+            self.post_decode(result, fb, requests)
+        return self._finalize(result, fb, requests)
+
+    def _decode_step(self, fb: ForwardBatch, requests) -> BatchResult:
+        """Enqueue a decode step's device work: forward, sampling, publish (one graph where captured)."""
+        self.before_decode(fb, requests)
+        logits = self.custom_decode_forward(fb, requests)
+        graphed = self.engine.captures_graphs()
+        flags = SampleFlags.of(requests, fb.steps_cpu, self.history_gpu.shape[-1] if graphed else None)
+        post = lambda sfb, logits_gpu: self._decode_device(sfb, logits_gpu, flags)  # noqa: E731
+        outs = post(fb, logits) if logits is not None else self.engine.forward(fb, post=post, post_key=flags)
+        return BatchResult(logits_gpu=None, next_token_ids_gpu=outs["tokens"], logprobs_gpu=outs["logprobs"],
+                           raw_logprobs_gpu=outs.get("raw"), payload_gpu=outs.get("payload"))
+
+    def _decode_device(self, fb: ForwardBatch, logits_gpu: torch.Tensor, flags: SampleFlags) -> dict[str, torch.Tensor]:
+        """The device half of a decode step after the forward. Inside a graph ``fb`` is the
+        graph's static batch: only its device tensors and batch_size may be read."""
+        result = BatchResult(logits_gpu=logits_gpu)
+        self._sample(result, fb, None, flags)
+        outs = {"tokens": result.next_token_ids_gpu, "logprobs": result.logprobs_gpu}
+        if result.raw_logprobs_gpu is not None:
+            outs["raw"] = result.raw_logprobs_gpu
+        payload = self.publish(result, fb)
+        if payload is not None:
+            outs["payload"] = payload
+        return outs
 
     def execute_launch(self, scheduler_output) -> _PendingStep | None:
         """Enqueue a decode step and return its pending record; does not wait for the device."""
@@ -224,8 +274,7 @@ class ModelRunner:
         if fb.is_prefill:
             raise ValueError("the async lookahead launches decode steps only")
         requests = scheduler_output.requests
-        result = self._prepare_and_forward(fb, requests)
-        self._sample(result, fb, requests)  # on the device: the next launch needs its tokens
+        result = self._decode_step(fb, requests)  # tokens stay on the device: the next launch needs them
         launch_buf = self.post_decode_launch(result, fb, requests)
         event = new_event(self.device)
         event.record()  # after the publish: query() true means launch_buf is ready
@@ -263,40 +312,41 @@ class ModelRunner:
         return self.slot_gpu[name][slots]
 
     @torch.inference_mode()
-    def _sample(self, result: BatchResult, fb: ForwardBatch, requests) -> None:
-        """Logit processing and the draw, all on the device: [B, C] tokens and logprobs."""
+    def _sample(self, result: BatchResult, fb: ForwardBatch, requests, flags: SampleFlags | None = None) -> None:
+        """Logit processing and the draw, all on the device: [B, C] tokens and logprobs.
+        With ``flags`` given, ``requests`` is not read (it is None inside a graph)."""
+        flags = flags or SampleFlags.of(requests, fb.steps_cpu, None)
         scores = self.process_logits(result.logits_gpu, fb, requests)  # [B, C, V]
         b, c, v = scores.shape
         rows = scores.reshape(b * c, v)
         slots = fb.slots_gpu.repeat_interleave(c)  # [B*C]
         steps = fb.steps_gpu  # [B] index of the frame being sampled
         p = lambda name: self._row_param(name, slots)  # noqa: E731
-        if any(r.params.repetition_penalty != 1.0 for r in requests):
-            hist = self.history_gpu[fb.slots_gpu, :, : max(max(fb.steps_cpu), 1)].reshape(b * c, -1)
+        if flags.penalty:
+            hist = self.history_gpu[fb.slots_gpu, :, : flags.history].reshape(b * c, -1)
             rows = apply_repetition_penalty(rows, hist, p("penalty"))
-        if any(r.params.suppress_tokens for r in requests):
+        if flags.suppress:
             rows = apply_suppress_tokens(rows, self.suppress_gpu[slots])
         # draw position = frame_step * num_streams + stream, as sglang-omni's Higgs runner
         positions = (steps[:, None] * c + torch.arange(c, device=self.device)[None, :]).reshape(-1)
         tokens, logprobs = draw(rows, p("temperature"), p("top_k"), p("top_p"), p("min_p"), p("seed"), positions)
-        ras = any(r.params.ras_win_len > 0 for r in requests)
+        ras = flags.ras_window > 0
         # the unprocessed distribution: RAS redraws from it, --raw-logprobs reports it
         raw = result.logits_gpu.view(b * c, v).float().log_softmax(dim=-1) if ras or self.raw_logprobs else None
         if ras:
-            tokens, logprobs = self._ras(tokens, logprobs, raw, fb, requests, slots, positions)
+            tokens, logprobs = self._ras(tokens, logprobs, raw, fb, flags.ras_window, slots, positions)
         result.next_token_ids_gpu = tokens.view(b, c)
         result.logprobs_gpu = logprobs.view(b, c)
         if self.raw_logprobs:
             result.raw_logprobs_gpu = raw.gather(1, tokens[:, None]).view(b, c)
         self.history_gpu[fb.slots_gpu, :, steps] = result.next_token_ids_gpu
 
-    def _ras(self, tokens, logprobs, raw, fb: ForwardBatch, requests, slots, positions):
+    def _ras(self, tokens, logprobs, raw, fb: ForwardBatch, w: int, slots, positions):
         """Repetition-aware sampling: redraw, from the unprocessed distribution (no
         temperature, no filters, as transformers' Higgs ``_sample``), any code that
         already occurs ras_win_max_num_repeat times among its stream's last
         ras_win_len frames. The redraw has its own seed stream."""
-        c = self.num_streams
-        w = max(r.params.ras_win_len for r in requests)  # host: the widest window in the batch
+        c = self.num_streams  # w: the widest window in the batch (host-known)
         p = lambda name: self._row_param(name, slots)  # noqa: E731
         offsets = torch.arange(-w, 0, device=self.device)  # [w]: frames -w .. -1
         frame = fb.steps_gpu.repeat_interleave(c)[:, None] + offsets[None, :]  # [R, w]

@@ -20,6 +20,7 @@ from __future__ import annotations
 import torch
 
 from runners.attention import AttentionContext, KVCache, decode_kernel_available, kv_bucket
+from runners.engine import ForwardBatch
 
 
 def _next_pow2(n: int) -> int:
@@ -39,11 +40,12 @@ class DecodeGraphs:
         keys = 0 if self.kernel else kv_bucket(kv_len, self.kv.max_seq_len)  # 0: any length
         return self.fixed_rows or _next_pow2(rows), keys
 
-    def _build(self, rows: int, k: int, deterministic: bool, inputs_like: dict[str, torch.Tensor]):
+    def _build(self, rows: int, k: int, deterministic: bool, inputs_like: dict[str, torch.Tensor], post):
         pad_slot = self.kv.k_gpu.shape[1] - 1
         st = {
             "slots": torch.full((rows,), pad_slot, dtype=torch.int64, device=self.device),
             "positions": torch.zeros(rows, 1, dtype=torch.int64, device=self.device),
+            "steps": torch.zeros(rows, dtype=torch.int64, device=self.device),
         }
         if self.kernel:
             st["lengths"] = torch.ones(rows, dtype=torch.int64, device=self.device)
@@ -52,15 +54,23 @@ class DecodeGraphs:
             st["mask"][..., 0] = True
         inputs = {name: torch.zeros((rows, *v.shape[1:]), dtype=v.dtype, device=self.device)
                   for name, v in inputs_like.items()}
+        # the batch `post` sees: the static buffers; its host lists are empty on
+        # purpose (a graph replays with other values: nothing host-side may be read)
+        static_fb = ForwardBatch(is_prefill=False, rids=[""] * rows, slots_gpu=st["slots"], lengths_cpu=[],
+                                 steps_cpu=[], steps_gpu=st["steps"], positions_gpu=st["positions"],
+                                 model_inputs=inputs)
 
-        def forward() -> torch.Tensor:
+        def forward():
             attn = AttentionContext(kv=self.kv, is_prefill=False, slots_gpu=st["slots"], positions_gpu=st["positions"],
                                     mask_gpu=st.get("mask"), kv_len=k, deterministic=deterministic,
                                     lengths_gpu=st.get("lengths"))
-            return self.model.compute_logits(self.model(attn, **inputs)[:, 0])
+            logits = self.model.compute_logits(self.model(attn, **inputs)[:, 0])
+            return logits if post is None else post(static_fb, logits)
 
         if not self.capture:
             return st, inputs, forward, None
+        # Warm-up and capture run with every row on the padding slot, so the
+        # state `post` advances (per-slot tables) is touched for that slot only.
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):  # warm-up (kernel selection, workspaces) off the capture
@@ -72,30 +82,40 @@ class DecodeGraphs:
             out = forward()
         return st, inputs, graph, out
 
-    def run(self, slots: torch.Tensor, positions: torch.Tensor, lengths: list[int],
-            model_inputs: dict[str, torch.Tensor], deterministic: bool) -> torch.Tensor:
-        """One padded decode step of len(lengths) rows -> logits [rows, ...] (a fresh tensor)."""
-        n = len(lengths)
-        rows, k = self.buckets(n, max(lengths))
-        key = (rows, k)
+    def run(self, fb: ForwardBatch, deterministic: bool, post=None, post_key=None):
+        """One padded decode step of fb's rows -> logits [rows, ...], or post's dict of
+        [rows, ...] tensors (fresh tensors either way).
+
+        Hazard: a graph replays the kernels ``post`` launched at capture, so post's
+        work must depend only on ``post_key`` and on state outside the call.
+        """
+        n = fb.batch_size
+        rows, k = self.buckets(n, max(fb.lengths_cpu))
+        key = (rows, k, post is not None, post_key)
         if key not in self._entries:
-            self._entries[key] = self._build(rows, k, deterministic, model_inputs)
+            self._entries[key] = self._build(rows, k, deterministic, fb.model_inputs, post)
         st, inputs, runner, out = self._entries[key]
         pad_slot = self.kv.k_gpu.shape[1] - 1
         st["slots"].fill_(pad_slot)
-        st["slots"][:n] = slots
+        st["slots"][:n] = fb.slots_gpu
         st["positions"].zero_()
-        st["positions"][:n] = positions
+        st["positions"][:n] = fb.positions_gpu
+        st["steps"].zero_()
+        st["steps"][:n] = fb.steps_gpu
         lens = torch.ones(rows, dtype=torch.int64)
-        lens[:n] = torch.tensor(lengths)
+        lens[:n] = torch.tensor(fb.lengths_cpu)
         if self.kernel:
             st["lengths"].copy_(lens, non_blocking=True)
         else:
             st["mask"].copy_((torch.arange(k)[None, :] < lens[:, None])[:, None, None], non_blocking=True)
-        for name, v in model_inputs.items():
+        for name, v in fb.model_inputs.items():
             inputs[name].zero_()
             inputs[name][:n] = v
         if out is None:  # eager (capture=False)
-            return runner()[:n]
-        runner.replay()
-        return out[:n].clone()  # the next replay overwrites `out`
+            out = runner()
+        else:
+            runner.replay()
+        # clone: the next replay overwrites `out`
+        if isinstance(out, dict):
+            return {name: t[:n].clone() for name, t in out.items()}
+        return out[:n].clone()

@@ -30,7 +30,7 @@ def _decode_attention_kernel(
     q_ptr, k_ptr, v_ptr, out_ptr, slots_ptr, lengths_ptr,
     stride_qb, stride_qh, stride_ob, stride_oh, stride_cs, stride_ch, stride_ct,
     scale,
-    REP: tl.constexpr, REP_PAD: tl.constexpr, D: tl.constexpr, BLOCK: tl.constexpr,
+    REP: tl.constexpr, REP_PAD: tl.constexpr, D: tl.constexpr, BLOCK: tl.constexpr, USE_DOT: tl.constexpr,
 ):
     row = tl.program_id(0)
     kvh = tl.program_id(1)
@@ -50,14 +50,21 @@ def _decode_attention_kernel(
         key_ok = n < length
         offs = base + n[:, None] * stride_ct + d[None, :]
         k = tl.load(k_ptr + offs, mask=key_ok[:, None], other=0.0)  # [BLOCK, D]
-        s = tl.dot(q, tl.trans(k)) * scale  # [REP_PAD, BLOCK] float32
+        if USE_DOT:
+            s = tl.dot(q, tl.trans(k)) * scale  # [REP_PAD, BLOCK] float32
+        else:  # head_dim < 16 (test models): tl.dot needs K >= 16
+            s = tl.sum(q.to(tl.float32)[:, None, :] * k.to(tl.float32)[None, :, :], 2) * scale
         s = tl.where(key_ok[None, :], s, float("-inf"))
         m_new = tl.maximum(m, tl.max(s, 1))
         alpha = tl.exp(m - m_new)
         p = tl.exp(s - m_new[:, None])
         l = l * alpha + tl.sum(p, 1)
         v = tl.load(v_ptr + offs, mask=key_ok[:, None], other=0.0)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+        if USE_DOT:
+            pv = tl.dot(p.to(v.dtype), v)
+        else:
+            pv = tl.sum(p.to(v.dtype).to(tl.float32)[:, :, None] * v.to(tl.float32)[None, :, :], 1)
+        acc = acc * alpha[:, None] + pv
         m = m_new
     out = acc / l[:, None]  # every row has length >= 1, so l > 0
     tl.store(out_ptr + row * stride_ob + heads[:, None] * stride_oh + d[None, :], out.to(out_ptr.dtype.element_ty),
@@ -67,7 +74,7 @@ def _decode_attention_kernel(
 def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slots: torch.Tensor,
                      lengths: torch.Tensor) -> torch.Tensor:
     """q [B, H, 1, D]; k/v_cache one layer [S, KVH, L, D] (contiguous); slots [B]; lengths [B]
-    (keys per row, >= 1, positions 0..length-1 already written) -> [B, H, 1, D]."""
+    (keys per row, >= 1, positions 0..length-1 already written) -> [B, H, 1, D]. D a power of two."""
     b, h, _, d = q.shape
     kvh = k_cache.shape[1]
     rep = h // kvh
@@ -78,6 +85,6 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
         q.stride(0), q.stride(1), out.stride(0), out.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         d ** -0.5,
-        REP=rep, REP_PAD=max(16, triton.next_power_of_2(rep)), D=d, BLOCK=BLOCK_N,
+        REP=rep, REP_PAD=max(16, triton.next_power_of_2(rep)), D=d, BLOCK=BLOCK_N, USE_DOT=d >= 16,
     )
     return out

@@ -44,6 +44,14 @@ class ForwardBatch:
     def batch_size(self) -> int:
         return len(self.rids)
 
+    def rows(self, start: int, stop: int) -> "ForwardBatch":
+        """Rows start..stop-1 as a batch of their own (views of the device tensors)."""
+        return ForwardBatch(
+            is_prefill=self.is_prefill, rids=self.rids[start:stop], slots_gpu=self.slots_gpu[start:stop],
+            lengths_cpu=self.lengths_cpu[start:stop], steps_cpu=self.steps_cpu[start:stop],
+            steps_gpu=self.steps_gpu[start:stop], positions_gpu=self.positions_gpu[start:stop],
+            model_inputs={k: v[start:stop] for k, v in self.model_inputs.items()})
+
 
 @dataclass(frozen=True)
 class FixedShapes:
@@ -126,14 +134,22 @@ class Engine:
                                 positions_gpu=fb.positions_gpu, mask_gpu=mask[:, None].to(self.device, non_blocking=True),
                                 kv_len=k)
 
+    def captures_graphs(self) -> bool:
+        """Decode steps replay CUDA graphs (a ``post`` given to forward runs inside them)."""
+        return self.graphs is not None and self.graphs.capture
+
     @torch.inference_mode()
-    def forward(self, fb: ForwardBatch) -> torch.Tensor:
+    def forward(self, fb: ForwardBatch, post=None, post_key=None):
+        """Logits of each row's last position [B, ...]; for a decode step with ``post``,
+        post(batch, logits) -> dict of [rows, ...] tensors, returned instead (inside the
+        step's graph where graphs are captured; ``post_key`` says which graph)."""
         if self.graphs is not None and not fb.is_prefill:
             rows = self.graphs.fixed_rows or fb.batch_size
-            return torch.cat([
-                self.graphs.run(fb.slots_gpu[i: i + rows], fb.positions_gpu[i: i + rows], fb.lengths_cpu[i: i + rows],
-                                {k: v[i: i + rows] for k, v in fb.model_inputs.items()}, self.deterministic)
-                for i in range(0, fb.batch_size, rows)])
+            outs = [self.graphs.run(fb.rows(i, i + rows), self.deterministic, post, post_key)
+                    for i in range(0, fb.batch_size, rows)]
+            if post is None:
+                return torch.cat(outs)
+            return {k: torch.cat([o[k] for o in outs]) for k in outs[0]}
         if self.deterministic:  # prefill; decode went through self.graphs above
             return self._prefill_fixed(fb)
         hidden = self.model(self._batch_attention(fb), **fb.model_inputs)  # [B, T, H]
@@ -142,7 +158,8 @@ class Engine:
             hidden = hidden[torch.arange(fb.batch_size, device=hidden.device), last]
         else:
             hidden = hidden[:, 0]
-        return self.model.compute_logits(hidden)
+        logits = self.model.compute_logits(hidden)
+        return logits if post is None else post(fb, logits)
 
     def _pad_slot(self) -> int:
         return self.kv.k_gpu.shape[1] - 1  # the spare slot no request owns

@@ -41,11 +41,11 @@ class HiggsRunner(ModelRunner):
         self.codec = codec
         self.sample_rate = codec.sample_rate
         self.hop_length = codec.hop_length
-        c = cfg.num_codebooks
-        self.last_codes_gpu = torch.zeros(num_slots, c, dtype=torch.int64, device=device)
-        self.bos_delay_gpu = torch.zeros(num_slots, c, dtype=torch.int64, device=device)
-        self.eos_delay_gpu = torch.zeros(num_slots, c, dtype=torch.int64, device=device)
-        self.delay_started_gpu = torch.zeros(num_slots, dtype=torch.bool, device=device)
+        c, s = cfg.num_codebooks, num_slots + 1  # + the padding rows' slot
+        self.last_codes_gpu = torch.zeros(s, c, dtype=torch.int64, device=device)
+        self.bos_delay_gpu = torch.zeros(s, c, dtype=torch.int64, device=device)
+        self.eos_delay_gpu = torch.zeros(s, c, dtype=torch.int64, device=device)
+        self.delay_started_gpu = torch.zeros(s, dtype=torch.bool, device=device)
         cols = torch.arange(cfg.codebook_size, device=device)
         self._not_bos_gpu = cols != cfg.audio_stream_bos_id  # [V]
         self._not_eos_gpu = cols != cfg.audio_stream_eos_id
@@ -94,7 +94,7 @@ class HiggsRunner(ModelRunner):
         self.eos_delay_gpu[s] = eos
         return scores.masked_fill((eos <= 0)[..., None] & self._not_eos_gpu, float("-inf"))
 
-    def _publish(self, result: BatchResult, fb: ForwardBatch) -> torch.Tensor:
+    def publish(self, result: BatchResult, fb: ForwardBatch) -> torch.Tensor:
         """Device half of the collect: advance the slots' state; return the payload for the host.
 
         The payload packs codes (exact in float32, < 2^24), logprobs, the stop
@@ -110,11 +110,14 @@ class HiggsRunner(ModelRunner):
             parts.append(result.raw_logprobs_gpu)
         return torch.cat(parts, dim=1)
 
-    def _collect(self, result: BatchResult, fb: ForwardBatch, requests) -> None:
-        result.host = self._publish(result, fb).cpu().numpy()
+    def post_prefill(self, result: BatchResult, fb: ForwardBatch, requests) -> None:
+        result.host = self.publish(result, fb).cpu().numpy()
+
+    def post_decode(self, result: BatchResult, fb: ForwardBatch, requests) -> None:
+        result.host = result.payload_gpu.cpu().numpy()  # published by the decode step
 
     def post_decode_launch(self, result: BatchResult, fb: ForwardBatch, requests) -> torch.Tensor:
-        payload = self._publish(result, fb)
+        payload = result.payload_gpu
         staging = self.next_host_staging((self.num_slots, payload.shape[1]), payload.dtype)
         staging[: fb.batch_size].copy_(payload, non_blocking=True)
         return staging
@@ -122,9 +125,6 @@ class HiggsRunner(ModelRunner):
     def post_decode_resolve(self, launch_buf: torch.Tensor, result: BatchResult, fb: ForwardBatch, requests) -> None:
         # copy out: the buffer is refilled by the launch after next
         result.host = launch_buf[: fb.batch_size].numpy().copy()
-
-    post_prefill = _collect
-    post_decode = _collect
 
     def collect_outputs(self, result: BatchResult, fb: ForwardBatch, requests) -> list[StepCollect]:
         c, h = self.num_streams, result.host

@@ -2,9 +2,11 @@
 
 Rows are validated and queued; omni_cli.loop drives the scheduler and the
 runner (sync or with the async lookahead) and hands back each finished
-request, whose audio is decoded and whose files are written. Every input row
+request to a writer thread, which decodes its audio (on the runner's codec
+stream) and writes its files while the loop keeps decoding. Every input row
 ends in the manifest: ok, failed (with the error naming the row and field)
-or, after Ctrl-C, interrupted.
+or, after Ctrl-C, interrupted (the rows already handed to the writer are
+written first).
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from __future__ import annotations
 import importlib
 import platform
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -145,7 +148,7 @@ def run_generate(opts: GenerateOptions) -> RunSummary:
             by_rid[r.id] = (r, req)
             by_system[r.id] = system
 
-        def finished(req: Request) -> None:
+        def write(req: Request) -> None:  # on the writer thread
             nonlocal ok
             row, _ = by_rid[req.rid]
             try:
@@ -156,15 +159,26 @@ def run_generate(opts: GenerateOptions) -> RunSummary:
             ok += 1
             progress.row_done(record["duration_s"], ok=True)
 
+        # one thread: the manifest, the codec stream and the counters have one writer
+        pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="omni-writer")
+        pending_writes = []
+
+        def finished(req: Request) -> None:
+            pending_writes.append(pool.submit(write, req))
+
         def stepped(rows: int, loop_stats) -> None:
             progress.step(rows, runner.async_query_hit, runner.async_query_miss, loop_stats.sync_routed)
 
         try:
             stats = run_loop(scheduler, runner, finished, stepped, config.async_decode)
         except KeyboardInterrupt:
-            # what is complete is on disk already; account for the rest
             interrupted = True
             stats = None
+        finally:
+            pool.shutdown(wait=True)  # every finished request's files are on disk after this
+        for f in pending_writes:
+            f.result()  # a bug in the writer (expected errors fail their row) is raised here
+        if interrupted:  # account for the rest
             for rid, (row, req) in by_rid.items():
                 if req.finish_reason is None:
                     writer.write_failed(row.row, rid, row.text, "interrupted before it finished", status="interrupted")

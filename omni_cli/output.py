@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -52,11 +53,13 @@ class OutputWriter:
         (out / "audio").mkdir(parents=True, exist_ok=True)
         (out / "logprobs").mkdir(parents=True, exist_ok=True)
         self._manifest = open(out / "metadata.jsonl", "w", encoding="utf-8")
+        self._lock = threading.Lock()  # manifest rows come from the writer thread and the main one
 
     def _record(self, row: int, record: dict[str, Any]) -> None:
-        self.rows[row] = record
-        self._manifest.write(json.dumps(record, ensure_ascii=False) + "\n")
-        self._manifest.flush()
+        with self._lock:
+            self.rows[row] = record
+            self._manifest.write(json.dumps(record, ensure_ascii=False) + "\n")
+            self._manifest.flush()
 
     def write_ok(self, row: int, rid: str, audio: np.ndarray, tokens: np.ndarray, logprobs: np.ndarray,
                  mask: np.ndarray, meta: dict[str, Any], raw_logprobs: np.ndarray | None = None) -> dict[str, Any]:

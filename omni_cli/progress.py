@@ -9,6 +9,7 @@ nothing in between. --quiet prints nothing.
 from __future__ import annotations
 
 import sys
+import threading
 import time
 
 from rich.console import Console
@@ -29,6 +30,7 @@ class Progress:
         self._console = Console(stderr=True)
         self._live: Live | None = None
         self._last_draw = 0.0
+        self._lock = threading.Lock()  # rows finish on the writer thread, steps on the loop's
 
     def __enter__(self) -> "Progress":
         self.start = time.perf_counter()
@@ -49,19 +51,21 @@ class Progress:
             print(f"omni: {self.summary()}", file=sys.stderr, flush=True)
 
     def step(self, frames: int, hits: int = 0, misses: int = 0, sync_routed: int = 0) -> None:
-        self.frames += frames
-        self.hits, self.misses, self.sync_routed = hits, misses, sync_routed
-        self._maybe_draw()
+        with self._lock:
+            self.frames += frames
+            self.hits, self.misses, self.sync_routed = hits, misses, sync_routed
+            self._maybe_draw()
 
     def print_line(self, text: str) -> None:
         """A line on stderr (rich markup allowed), above the live display when there is one."""
         self._console.print(text, highlight=False, soft_wrap=True)  # one line, however long
 
     def row_done(self, audio_s: float, ok: bool) -> None:
-        self.done += 1
-        self.failed += 0 if ok else 1
-        self.audio_s += audio_s
-        self._maybe_draw()
+        with self._lock:
+            self.done += 1
+            self.failed += 0 if ok else 1
+            self.audio_s += audio_s
+            self._maybe_draw()
 
     def _maybe_draw(self) -> None:
         now = time.perf_counter()

@@ -35,8 +35,8 @@ _BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBack
 _DETERMINISTIC_BACKENDS = [SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 
 
-def decode_kernel_available(device: torch.device) -> bool:
-    """The Triton decode-attention kernel runs on CUDA devices where Triton is installed."""
+def fused_kernels_available(device: torch.device) -> bool:
+    """The Triton kernels (decode attention, fused ops) run on CUDA devices where Triton is installed."""
     if device.type != "cuda":
         return False
     try:

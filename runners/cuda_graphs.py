@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import torch
 
-from runners.attention import AttentionContext, KVCache, decode_kernel_available, kv_bucket
+from runners.attention import AttentionContext, KVCache, fused_kernels_available, kv_bucket
 from runners.engine import ForwardBatch
 
 
@@ -32,7 +32,7 @@ class DecodeGraphs:
                  fixed_rows: int | None = None):
         self.model, self.kv, self.device, self.capture = model, kv, device, capture
         self.fixed_rows = fixed_rows  # deterministic mode: always this many rows
-        self.kernel = decode_kernel_available(device)  # attention reads lengths, not a mask
+        self.kernel = fused_kernels_available(device)  # attention reads lengths, not a mask
         self._entries: dict[tuple[int, int], tuple] = {}
         self._pool = torch.cuda.graph_pool_handle() if capture else None
 
@@ -78,7 +78,9 @@ class DecodeGraphs:
                 forward()
         torch.cuda.current_stream().wait_stream(side)
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self._pool):
+        # thread_local: the writer thread keeps decoding audio on its own stream
+        # while this thread captures (the default mode fails its CUDA calls)
+        with torch.cuda.graph(graph, pool=self._pool, capture_error_mode="thread_local"):
             out = forward()
         return st, inputs, graph, out
 

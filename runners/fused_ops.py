@@ -1,4 +1,4 @@
-"""Fused elementwise kernels of the CUDA decode step (Triton; CUDA only).
+"""Fused elementwise kernels of the CUDA decode step and codec (Triton; CUDA only).
 
 An unfused decode layer runs about 50 kernels (the RMSNorm alone is eight:
 cast, square, mean, add, rsqrt, multiply, cast, weight), so a CUDA-graphed
@@ -10,7 +10,8 @@ the norm run in float32), in one pass each:
   rope_kv_write   rotary embedding of q and k from a fused qkv row, q to a
                   buffer, k and v straight into the slot KV cache
   silu_mul        silu(gate) * up from a fused gate_up row
-The CPU keeps the PyTorch forward (runners/higgs_audio_v2/model.py).
+  snake           the codec's Snake activation (runners/higgs_audio_v2/codec.py)
+The CPU keeps the PyTorch forward.
 """
 
 from __future__ import annotations
@@ -118,4 +119,29 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
     out = torch.empty((*gate_up.shape[:-1], f), dtype=gate_up.dtype, device=gate_up.device)
     block = 1024
     _silu_mul_kernel[(gate_up.numel() // (2 * f), triton.cdiv(f, block))](gate_up, out, f, BLOCK=block)
+    return out
+
+
+@triton.jit
+def _snake_kernel(x_ptr, alpha_ptr, out_ptr, channels, t, BLOCK: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)  # b * channels + c
+    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    ok = cols < t
+    x = tl.load(x_ptr + row * t + cols, mask=ok, other=0.0)
+    dt = x.dtype
+    a = tl.load(alpha_ptr + row % channels).to(tl.float32)
+    inv = (1.0 / (a + 1e-9).to(dt).to(tl.float32)).to(dt).to(tl.float32)
+    sin = tl.sin((a * x.to(tl.float32)).to(dt).to(tl.float32)).to(dt).to(tl.float32)
+    sq = (sin * sin).to(dt).to(tl.float32)
+    tl.store(out_ptr + row * t + cols, (x.to(tl.float32) + (inv * sq).to(dt).to(tl.float32)).to(dt), mask=ok)
+
+
+def snake(x: torch.Tensor, alpha: torch.Tensor) -> torch.Tensor:
+    """DAC's Snake activation x + sin(alpha x)^2 / (alpha + 1e-9) in one pass (transformers'
+    Snake1d runs seven kernels over the whole signal). x [B, C, T]; alpha [1, C, 1]."""
+    b, c, t = x.shape
+    x = x.contiguous()
+    out = torch.empty_like(x)
+    block = 1024
+    _snake_kernel[(b * c, triton.cdiv(t, block))](x, alpha.contiguous(), out, c, t, BLOCK=block)
     return out

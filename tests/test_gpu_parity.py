@@ -1,17 +1,26 @@
 """bf16 correctness on CUDA against transformers: 2 decoder layers at the real 3B hidden sizes.
 
-Random weights shared by both models. The audio head is scaled up 8x so the
-greedy decision at each codebook has a margin well above bf16 rounding (with
-the default init the top two logits of 1026 are often within 1e-2, and two
-correct bf16 implementations may then pick different tokens). Checked:
+Random weights shared by three models: transformers in float32 (the oracle),
+transformers in bf16 (the peer) and ours in bf16 (CUDA graphs, Triton
+attention and fused kernels). Checked:
 - logits of our prefill and of 50 teacher-forced decode steps (fed the
-  reference's codes; CUDA-graphed decode with the Triton attention kernel)
-  against transformers' raw logits, by relative error ||ours - ref|| / ||ref||
-  per step, bound REL_BOUND;
-- greedy codes from the whole runner (3 prompts of different lengths at
-  batch 3, so padded graph rows and several key lengths) equal to
-  transformers `generate(do_sample=False)` of each prompt alone, for the
-  first 50 frames.
+  oracle's greedy codes) against the oracle's, by relative error
+  ||ours - oracle|| / ||oracle|| per step: at most REL_BOUND, and no worse
+  than transformers' own bf16 prefill is against the same oracle (times 1.5);
+- greedy codes: at every teacher-forced step and codebook our argmax equals
+  the oracle's wherever the oracle's top-two margin exceeds twice the largest
+  logit error measured at that step; and the whole runner's free-running
+  greedy codes (3 prompts of different lengths at batch 3: padded graph rows,
+  several key lengths) equal the oracle's for the first 50 frames, except
+  that a divergence is accepted at a measured near-tie (margin below twice
+  the largest teacher-forced logit error), after which the inputs differ and
+  comparing stops.
+Why not plain equality of 50 free-running frames: with random weights the
+top two of 1026 logits are often closer than bf16's own rounding noise
+(transformers in bf16 is ~3% off its float32 self on this model, measured on
+CPU), so no bf16 implementation, transformers' included, reproduces float32
+greedy codes for 400 decisions; the test prints where transformers bf16 itself
+leaves the oracle.
 """
 
 from __future__ import annotations
@@ -24,8 +33,9 @@ import torch
 
 pytestmark = pytest.mark.gpu
 
+DEV = torch.device("cuda")
 FRAMES = 50
-REL_BOUND = 2e-2  # bf16 keeps 8 mantissa bits (2^-8 = 3.9e-3 per rounding); two layers and a head of them
+REL_BOUND = 3e-2  # measured on CPU for this model: ours bf16 1.3%, transformers bf16 2.9% off float32
 
 
 @pytest.fixture(scope="module")
@@ -36,15 +46,15 @@ def models():
     from runners.higgs_audio_v2.shapes import shape_config, transformers_config
 
     cfg = dataclasses.replace(shape_config("higgs-audio-v2-3b"), num_hidden_layers=2)
-    dev = torch.device("cuda")
+    dev = DEV
     torch.manual_seed(0)
     with torch.device(dev):
-        ref = HiggsAudioV2ForConditionalGeneration(transformers_config(cfg)).to(torch.bfloat16).eval()
+        oracle = HiggsAudioV2ForConditionalGeneration(transformers_config(cfg)).eval()
+        peer = HiggsAudioV2ForConditionalGeneration(transformers_config(cfg)).to(torch.bfloat16).eval()
         ours = HiggsAudioV2LM(cfg, 512)
-    with torch.no_grad():
-        ref.state_dict()["audio_lm_head.weight"].mul_(8)
-    ours.load_state_dict(ref.state_dict(), strict=False)
-    return cfg, ref, ours.to_runtime(dev, torch.bfloat16)
+    peer.load_state_dict(oracle.state_dict())
+    ours.load_state_dict(oracle.state_dict(), strict=False)
+    return cfg, oracle, peer, ours.to_runtime(dev, torch.bfloat16)
 
 
 def _prompt(cfg, n: int, seed: int) -> list[int]:
@@ -52,22 +62,31 @@ def _prompt(cfg, n: int, seed: int) -> list[int]:
     return rng.integers(0, cfg.audio_bos_token_id - 16, n - 1).tolist() + [cfg.audio_bos_token_id]
 
 
-def _reference(ref, ids: list[int]):
-    x = torch.tensor([ids], device="cuda")
+def _greedy(model, ids: list[int]):
+    """-> codes [frames, 8], raw logits [frames, 8, V], processed scores [frames, 8, V] (float32)."""
+    x = torch.tensor([ids], device=DEV)
     with torch.inference_mode():
-        out = ref.generate(input_ids=x, attention_mask=torch.ones_like(x), max_new_tokens=FRAMES, do_sample=False,
-                           return_dict_in_generate=True, output_logits=True)
-    return out.audio_sequences[0].cpu(), [lg[0].float().reshape(-1) for lg in out.logits]
+        out = model.generate(input_ids=x, attention_mask=torch.ones_like(x), max_new_tokens=FRAMES, do_sample=False,
+                             return_dict_in_generate=True, output_logits=True, output_scores=True)
+    c = out.audio_sequences.shape[-1]
+    raw = torch.stack([lg[0].float().reshape(c, -1) for lg in out.logits])
+    scores = torch.stack([sc[0].float().reshape(c, -1) for sc in out.scores])
+    return out.audio_sequences[0].cpu(), raw, scores
+
+
+def _margin(scores: torch.Tensor) -> torch.Tensor:
+    """[..., V] -> top-1 minus top-2, [...]."""
+    top = scores.topk(2, dim=-1).values
+    return top[..., 0] - top[..., 1]
 
 
 def _engine(cfg, model, slots: int):
     from runners.attention import KVCache
     from runners.engine import Engine
 
-    kv = KVCache(cfg.num_hidden_layers, slots + 1, cfg.num_key_value_heads, 512, cfg.head_dim, torch.bfloat16,
-                 torch.device("cuda"))
-    engine = Engine(model, kv, torch.device("cuda"))
-    engine.use_graphs()
+    kv = KVCache(cfg.num_hidden_layers, slots + 1, cfg.num_key_value_heads, 512, cfg.head_dim, torch.bfloat16, DEV)
+    engine = Engine(model, kv, DEV)
+    engine.use_graphs(capture=DEV.type == "cuda")
     return engine
 
 
@@ -75,15 +94,16 @@ def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a - b).norm() / b.norm())
 
 
-def test_prefill_and_decode_logits_match_transformers(models):
+@pytest.fixture(scope="module")
+def teacher_forced(models):
+    """Our logits [frames, 8, V] for the oracle's greedy codes, and the oracle's run."""
     from runners.engine import ForwardBatch
 
-    cfg, ref, ours = models
+    cfg, oracle, _, ours = models
     ids = _prompt(cfg, 64, 0)
-    codes_ref, logits_ref = _reference(ref, ids)
+    codes, raw, scores = _greedy(oracle, ids)
     engine = _engine(cfg, ours, 1)
-    dev = torch.device("cuda")
-    t = len(ids)
+    dev, t = DEV, len(ids)
 
     def batch(prefill: bool, step: int, **inputs) -> ForwardBatch:
         pos = list(range(t)) if prefill else [t + step - 1]
@@ -91,16 +111,39 @@ def test_prefill_and_decode_logits_match_transformers(models):
                             lengths_cpu=[pos[-1] + 1], steps_cpu=[step], steps_gpu=torch.tensor([step], device=dev),
                             positions_gpu=torch.tensor([pos], device=dev), model_inputs=inputs)
 
-    errs = [_rel(engine.forward(batch(True, 0, input_ids=torch.tensor([ids], device=dev)))[0], logits_ref[0])]
-    for s in range(1, len(logits_ref)):  # feed frame s-1 as the reference did, compare the logits for frame s
-        fed = codes_ref[s - 1].to(dev)[None, None]
-        errs.append(_rel(engine.forward(batch(False, s, audio_codes=fed))[0], logits_ref[s]))
-    print(f"relative logit error: prefill {errs[0]:.2e}, decode max {max(errs[1:]):.2e}")
+    logits = [engine.forward(batch(True, 0, input_ids=torch.tensor([ids], device=dev)))[0]]
+    for s in range(1, len(raw)):  # feed frame s-1 as the oracle did; logits for frame s
+        logits.append(engine.forward(batch(False, s, audio_codes=codes[s - 1].to(dev)[None, None]))[0])
+    return ids, codes, raw, scores, torch.stack(logits).view(raw.shape)
+
+
+def test_prefill_and_decode_logits_match_transformers(models, teacher_forced):
+    _, oracle, peer, _ = models
+    ids, _, raw, _, ours = teacher_forced
+    errs = [_rel(a, b) for a, b in zip(ours, raw)]
+    x = torch.tensor([ids], device=DEV)
+    with torch.inference_mode():
+        peer_prefill = peer(input_ids=x, attention_mask=torch.ones_like(x)).logits[0, -1].float().reshape(raw[0].shape)
+    peer_err = _rel(peer_prefill, raw[0])
+    print(f"\nrelative logit error vs transformers float32: ours bf16 prefill {errs[0]:.2e}, decode max "
+          f"{max(errs[1:]):.2e}; transformers bf16 prefill {peer_err:.2e}")
     assert len(errs) == FRAMES
     assert max(errs) < REL_BOUND, errs
+    assert errs[0] <= 1.5 * peer_err
 
 
-def test_greedy_codes_match_transformers_for_50_frames(models):
+def test_teacher_forced_argmax_matches_where_the_margin_is_real(teacher_forced):
+    _, _, raw, _, ours = teacher_forced
+    err = (ours - raw).abs().amax(dim=(1, 2))  # [frames] largest logit error per step
+    clear = _margin(raw) > 2 * err[:, None]  # [frames, 8]
+    agree = ours.argmax(-1) == raw.argmax(-1)
+    print(f"\nargmax decisions with a clear margin: {int(clear.sum())}/{clear.numel()}, "
+          f"all agree: {bool(agree[clear].all())}")
+    assert clear.float().mean() > 0.5  # the check covers most decisions
+    assert agree[clear].all()
+
+
+def test_greedy_codes_match_transformers_for_50_frames(models, teacher_forced):
     from omni_cli.loop import run_loop
     from omni_cli.params import SamplingParams
     from omni_cli.scheduler import Request, Scheduler
@@ -108,11 +151,13 @@ def test_greedy_codes_match_transformers_for_50_frames(models):
     from runners.higgs_audio_v2.runner import HiggsRunner
     from tests.conftest import TINY
 
-    cfg, ref, ours = models
+    cfg, oracle, peer, ours = models
+    _, _, raw_tf, _, ours_tf = teacher_forced
+    tie = 2 * float((ours_tf - raw_tf).abs().max())  # twice the largest logit error measured above
     prompts = [_prompt(cfg, n, i) for i, n in enumerate((40, 64, 100))]
     engine = _engine(cfg, ours, 3)
-    codec = HiggsCodecDecoder.load(TINY / "codec", torch.bfloat16, torch.device("cuda"))  # unused by LM steps
-    runner = HiggsRunner(engine, cfg, codec, 3, 512, torch.device("cuda"))
+    codec = HiggsCodecDecoder.load(TINY / "codec", torch.bfloat16, DEV)  # unused by LM steps
+    runner = HiggsRunner(engine, cfg, codec, 3, 512, DEV)
     sched = Scheduler(3, 512)
     params = SamplingParams(temperature=0.0, max_new_frames=FRAMES)
     reqs = [Request(rid=f"r{i}", prompt_ids=p, params=params, seed=i) for i, p in enumerate(prompts)]
@@ -120,7 +165,19 @@ def test_greedy_codes_match_transformers_for_50_frames(models):
         sched.add(r)
     run_loop(sched, runner, lambda r: None, lambda n, st: None, True)
     for r, p in zip(reqs, prompts):
-        codes_ref, _ = _reference(ref, p)
-        n = min(FRAMES, len(codes_ref))
-        assert len(r.frames) >= n
-        np.testing.assert_array_equal(np.stack(r.frames)[:n], codes_ref[:n].numpy(), err_msg=r.rid)
+        codes, raw, scores = _greedy(oracle, p)
+        peer_codes, _, _ = _greedy(peer, p)
+        n = min(FRAMES, len(codes), len(r.frames))
+        got = torch.from_numpy(np.stack(r.frames)[:n])
+        differ = (got != codes[:n]).any(dim=1).nonzero()
+        peer_differ = (peer_codes[:n] != codes[:n]).any(dim=1).nonzero()
+        first = int(differ[0]) if len(differ) else None
+        print(f"\n{r.rid}: ours equal the float32 oracle for {first if first is not None else n} frames, "
+              f"transformers bf16 for {int(peer_differ[0]) if len(peer_differ) else n}")
+        if first is None:
+            assert n == FRAMES
+            continue
+        # the divergence must be at a near-tie of the oracle's processed scores
+        books = (got[first] != codes[first]).nonzero()[:, 0]
+        margin = _margin(scores[first, books])
+        assert (margin < tie).all(), (r.rid, first, margin, tie)

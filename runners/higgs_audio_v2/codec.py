@@ -12,7 +12,8 @@ checkpoint's safetensors. The encoder, HuBERT and semantic parts are not
 loaded; voice cloning will need them.
 
 As in the reference, the DAC decoder's transposed convolutions get
-output_padding = stride % 2 and the final tanh is dropped.
+output_padding = stride % 2 and the final tanh is dropped. On CUDA with
+Triton the Snake activations run as one kernel each (runners/fused_ops.py).
 """
 
 from __future__ import annotations
@@ -26,10 +27,21 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 from transformers import DacConfig
-from transformers.models.dac.modeling_dac import DacDecoder
+from transformers.models.dac.modeling_dac import DacDecoder, Snake1d
 
 from omni_cli.errors import ConfigError
+from runners.attention import fused_kernels_available
 from runners.checkpoint import fold_weight_norm, load_into, read_safetensors
+
+
+class _FusedSnake1d(Snake1d):
+    """Snake1d as one Triton kernel (CUDA): the activation is most of the decoder's memory
+    traffic at the 24 kHz end, where transformers' version makes seven passes over it."""
+
+    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        from runners.fused_ops import snake
+
+        return snake(hidden_states, self.alpha)
 
 
 class _Codebook(nn.Module):
@@ -92,7 +104,12 @@ class HiggsCodecDecoder(nn.Module):
                  if not k.endswith(("project_in.weight", "project_in.bias", "codebook.inited",
                                     "codebook.cluster_size", "codebook.embed_avg"))}
         load_into(dec, state, folder)
-        return dec.to(device=device, dtype=dtype).eval()
+        dec = dec.to(device=device, dtype=dtype).eval()
+        if fused_kernels_available(device):
+            for m in dec.acoustic_decoder.modules():
+                if isinstance(m, Snake1d):
+                    m.__class__ = _FusedSnake1d
+        return dec
 
     @torch.no_grad()
     def decode(self, codes: torch.Tensor) -> torch.Tensor:

@@ -225,11 +225,11 @@ class HiggsAudioV2LM(nn.Module):
 
     def to_runtime(self, device: torch.device, dtype: torch.dtype) -> "HiggsAudioV2LM":
         """Weights to ``dtype`` on ``device``; rope tables stay float32."""
-        from runners.attention import decode_kernel_available
+        from runners.attention import fused_kernels_available
 
         self.to(device=device, dtype=dtype)
         self._set_rope(device)
-        if decode_kernel_available(device):
+        if fused_kernels_available(device):
             for layer in self.model.layers:
                 layer.self_attn.fuse()
                 layer.audio_mlp.fuse()

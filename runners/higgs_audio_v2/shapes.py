@@ -43,6 +43,21 @@ def transformers_config(cfg: HiggsConfig):
     )
 
 
+def codec_config(name: str):
+    """The codec (HiggsAudioV2TokenizerConfig) of a shape: the released tokenizer's
+    decoder for higgs-audio-v2-3b (DAC decoder 1024 channels, hop 960, 8 quantizers
+    of 1024 x 64, HuBERT-base semantic width 768)."""
+    from transformers import HiggsAudioV2TokenizerConfig
+
+    if name != "higgs-audio-v2-3b":
+        raise ValueError(f"no codec shape for {name!r} (known: higgs-audio-v2-3b)")
+    return HiggsAudioV2TokenizerConfig(
+        target_bandwidths=[0.5, 1, 1.5, 2], codebook_size=1024, codebook_dim=64,
+        acoustic_model_config=dict(encoder_hidden_size=64, downsampling_ratios=[8, 5, 4, 2, 3],
+                                   upsampling_ratios=[8, 5, 4, 2, 3], decoder_hidden_size=1024, hidden_size=256),
+    )
+
+
 def param_counts(cfg: HiggsConfig) -> tuple[int, int]:
     """(all parameters, parameters read by one audio decode step)."""
     h, f, L = cfg.hidden_size, cfg.intermediate_size, cfg.num_hidden_layers

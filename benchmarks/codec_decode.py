@@ -1,0 +1,84 @@
+"""Codec decode throughput at the released Higgs Audio v2 tokenizer's shape (random weights).
+
+Ours (runners/higgs_audio_v2/codec.py: transformers' DAC decoder with the
+Snake activations fused on CUDA) against transformers'
+HiggsAudioV2TokenizerModel.decode, same weights (ours loads the saved
+reference checkpoint through its real loading path), same codes, in one run.
+Each row: dtype, batch x seconds of codes, median ms per decode, audio-s/s.
+Prints a table and writes JSON.
+
+  python benchmarks/codec_decode.py --batch 1 16 64 --seconds 10 --out codec_decode.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from runners.higgs_audio_v2.codec import HiggsCodecDecoder  # noqa: E402
+from runners.higgs_audio_v2.shapes import codec_config  # noqa: E402
+
+
+def _median_ms(fn, iters: int) -> float:
+    fn()
+    times = []
+    for _ in range(iters):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end))
+    return float(np.median(times))
+
+
+def main() -> None:
+    from transformers import HiggsAudioV2TokenizerModel
+
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--batch", type=int, nargs="+", default=[1, 16, 64])
+    ap.add_argument("--seconds", type=float, default=10.0)
+    ap.add_argument("--iters", type=int, default=3)
+    ap.add_argument("--out", type=Path, default=Path("codec_decode.json"))
+    args = ap.parse_args()
+    dev = torch.device("cuda")
+    torch.manual_seed(0)
+    ref = HiggsAudioV2TokenizerModel(codec_config("higgs-audio-v2-3b")).eval()
+    with tempfile.TemporaryDirectory() as tmp:
+        ref.save_pretrained(tmp)
+        ours = {dt: HiggsCodecDecoder.load(Path(tmp), dt, dev) for dt in (torch.float32, torch.bfloat16)}
+    ref = ref.to(dev)
+    frames = int(args.seconds * 25)
+    rows = []
+    for dt in (torch.float32, torch.bfloat16):
+        ref = ref.to(dt)
+        for b in args.batch:
+            codes = torch.randint(0, 1024, (b, 8, frames), device=dev)
+            with torch.inference_mode():
+                peers = {"omni": lambda: ours[dt].decode(codes), "transformers": lambda: ref.decode(codes, return_dict=False)}
+                out = {name: fn() for name, fn in peers.items()}
+                diff = float((out["omni"] - out["transformers"][:, 0].float()).abs().max())
+                for name, fn in peers.items():
+                    ms = _median_ms(fn, args.iters)
+                    rows.append({"peer": name, "dtype": str(dt).replace("torch.", ""), "batch": b,
+                                 "seconds": args.seconds, "ms": ms, "audio_s_per_s": b * args.seconds / (ms / 1e3),
+                                 "max_abs_diff_vs_transformers": diff})
+            torch.cuda.empty_cache()
+    print(f"{'peer':<13} {'dtype':<9} {'batch':>5} {'ms':>9} {'audio-s/s':>10} {'max |diff|':>11}")
+    for r in rows:
+        print(f"{r['peer']:<13} {r['dtype']:<9} {r['batch']:>5} {r['ms']:>9.1f} {r['audio_s_per_s']:>10.0f} "
+              f"{r['max_abs_diff_vs_transformers']:>11.2e}")
+    args.out.write_text(json.dumps({"device": torch.cuda.get_device_name(), "torch": torch.__version__,
+                                    "rows": rows}, indent=2))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,115 @@
+"""`omni generate` end to end at the Higgs Audio v2 3B shape, from a random checkpoint on disk.
+
+Writes a random-weight checkpoint in the real transformers format (the 3B LM,
+5.38 B parameters in bf16, and the released tokenizer's codec shape; the
+text tokenizer and special-token ids are the tiny test checkpoint's, which is
+all a speed run needs), then runs the real command line on prompt files of
+N rows at --max-batch-size B, every row generating exactly --frames frames:
+  omni generate prompts.jsonl -o OUT --model cfg.yaml --max-batch-size B ...
+Reported per run: seconds from the command to the first wav on disk (load,
+graph capture, the first rows' decode and codec), the whole command's wall
+time, audio seconds written, and audio-s/s over the generate phase (after
+loading; prefill, decode, codec and all files included) and over the wall.
+Prints a table and writes JSON.
+
+  python benchmarks/e2e_generate.py --runs 1:4 64:64 256:256 --out e2e.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from runners.higgs_audio_v2.config import HiggsConfig  # noqa: E402
+from runners.higgs_audio_v2.shapes import codec_config, shape_config, transformers_config  # noqa: E402
+
+TINY = REPO / "configs" / "tiny-higgs-audio-v2"
+
+
+def write_checkpoint(root: Path) -> None:
+    from transformers import HiggsAudioV2ForConditionalGeneration, HiggsAudioV2TokenizerModel
+
+    tiny = HiggsConfig.from_file(TINY / "model" / "config.json")
+    ids = {f: getattr(tiny, f) for f in ("audio_token_id", "audio_bos_token_id", "audio_delay_token_id",
+                                         "eos_token_id")}
+    cfg = dataclasses.replace(shape_config("higgs-audio-v2-3b"), **ids)
+    torch.manual_seed(0)
+    with torch.device("cuda"):
+        lm = HiggsAudioV2ForConditionalGeneration(transformers_config(cfg)).to(torch.bfloat16)
+    lm.save_pretrained(root / "model")
+    del lm
+    for f in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "generation_config.json"):
+        shutil.copy(TINY / "model" / f, root / "model" / f)
+    HiggsAudioV2TokenizerModel(codec_config("higgs-audio-v2-3b")).save_pretrained(root / "codec")
+    torch.cuda.empty_cache()
+
+
+def run(root: Path, rows: int, batch: int, frames: int, async_decode: bool) -> dict:
+    cfg = root / "model.yaml"
+    cfg.write_text(f"family: higgs_audio_v2\ncheckpoint: {root / 'model'}\ncodec: {root / 'codec'}\n"
+                   "dtype: bfloat16\ndevice: auto\nmax_seq_len: 512\n")
+    prompts = root / f"prompts-{rows}.jsonl"
+    prompts.write_text("".join(json.dumps({"id": f"r{i}", "text": f"Row number {i}: a sentence to speak aloud."})
+                               + "\n" for i in range(rows)))
+    out = root / f"out-{rows}-{batch}-{int(async_decode)}"
+    cmd = [sys.executable, "-m", "omni_cli", "generate", str(prompts), "-o", str(out), "--model", str(cfg), "-q",
+           "--max-batch-size", str(batch), "--max-new-frames", str(frames), "--min-new-frames", str(frames),
+           "--seed", "1", "--async-decode" if async_decode else "--no-async-decode"]
+    t0 = time.perf_counter()
+    proc = subprocess.Popen(cmd, cwd=REPO)
+    first = None
+    while proc.poll() is None:
+        if first is None and any(p.suffix == ".wav" and not p.name.startswith(".") for p in (out / "audio").glob("*")
+                                 if (out / "audio").is_dir()):
+            first = time.perf_counter() - t0
+        time.sleep(0.05)
+    wall = time.perf_counter() - t0
+    if proc.returncode != 0:
+        raise SystemExit(f"omni generate failed ({proc.returncode}): {' '.join(cmd)}")
+    info = json.loads((out / "run.json").read_text())
+    audio, gen = info["totals"]["audio_s"], info["timings"]["generate_s"]
+    return {"rows": rows, "max_batch_size": batch, "async_decode": async_decode, "frames": frames,
+            "first_wav_s": first, "wall_s": wall, "load_s": info["timings"]["load_s"], "generate_s": gen,
+            "audio_s": audio, "audio_s_per_s_generate": audio / gen, "audio_s_per_s_wall": audio / wall,
+            "query_hits": info["async_decode"]["query_hits"], "query_misses": info["async_decode"]["query_misses"]}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--runs", nargs="+", default=["1:4", "64:64", "256:256"], help="BATCH:ROWS")
+    ap.add_argument("--frames", type=int, default=200)
+    ap.add_argument("--out", type=Path, default=Path("e2e_generate.json"))
+    args = ap.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp)
+        t0 = time.perf_counter()
+        write_checkpoint(root)
+        print(f"random checkpoint written in {time.perf_counter() - t0:.1f}s", flush=True)
+        results = []
+        for spec in args.runs:
+            batch, rows = (int(x) for x in spec.split(":"))
+            results.append(run(root, rows, batch, args.frames, True))
+    print(f"{'batch':>5} {'rows':>5} {'first wav s':>12} {'wall s':>7} {'load s':>7} {'audio s':>8} "
+          f"{'aud-s/s gen':>12} {'aud-s/s wall':>13}")
+    for r in results:
+        print(f"{r['max_batch_size']:>5} {r['rows']:>5} {r['first_wav_s'] or float('nan'):>12.1f} {r['wall_s']:>7.1f} "
+              f"{r['load_s']:>7.1f} {r['audio_s']:>8.1f} {r['audio_s_per_s_generate']:>12.1f} "
+              f"{r['audio_s_per_s_wall']:>13.1f}")
+    args.out.write_text(json.dumps({"device": torch.cuda.get_device_name(), "torch": torch.__version__,
+                                    "runs": results}, indent=2))
+
+
+if __name__ == "__main__":
+    main()

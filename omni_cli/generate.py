@@ -115,7 +115,8 @@ def run_generate(opts: GenerateOptions) -> RunSummary:
     t_loaded = time.perf_counter()
 
     writer = OutputWriter(opts.out, opts.fmt, runner.sample_rate)
-    scheduler = Scheduler(config.max_batch_size, config.max_seq_len)
+    # the runner may hold fewer KV slots than max_batch_size asked for (free device memory)
+    scheduler = Scheduler(runner.num_slots, config.max_seq_len)
     by_rid: dict[str, tuple] = {}
     by_system: dict[str, str] = {}
     ok = failed = 0
@@ -131,6 +132,9 @@ def run_generate(opts: GenerateOptions) -> RunSummary:
             progress.print_line(f"[red]omni: {escape(error)}[/red]")
 
     with progress:
+        if runner.num_slots < config.max_batch_size and not opts.quiet:
+            progress.print_line(f"omni: device memory holds the KV cache of {runner.num_slots} requests at once "
+                                f"(max_batch_size {config.max_batch_size}); running that many")
         for r in rows:
             if r.error is not None:
                 fail(r.row, r.id, r.text, r.error)
@@ -190,6 +194,7 @@ def run_generate(opts: GenerateOptions) -> RunSummary:
         "config": config.as_dict(),
         "device": str(device) + (f" ({torch.cuda.get_device_name(device)})" if device.type == "cuda" else ""),
         "dtype": config.dtype,
+        "kv_slots": runner.num_slots,
         "command": {k: (str(v) if isinstance(v, Path) else v) for k, v in opts.__dict__.items()},
         "totals": {"rows": len(rows), "ok": ok, "failed": failed, "interrupted": interrupted,
                    "frames": progress.frames, "audio_s": round(progress.audio_s, 3)},

@@ -18,6 +18,7 @@ Each step feeds back the previous frame's codes (8 embeddings summed).
 from __future__ import annotations
 
 import contextlib
+import threading
 
 import numpy as np
 import torch
@@ -41,7 +42,7 @@ class HiggsRunner(ModelRunner):
         if codec.num_quantizers != cfg.num_codebooks:
             raise ValueError(f"codec has {codec.num_quantizers} quantizers, the model {cfg.num_codebooks} codebooks")
         self.codec = codec
-        self._codec_stream = torch.cuda.Stream(device) if device.type == "cuda" else None
+        self._codec_streams = threading.local()  # one CUDA stream per writer thread
         self.sample_rate = codec.sample_rate
         self.hop_length = codec.hop_length
         c, s = cfg.num_codebooks, num_slots + 1  # + the padding rows' slot
@@ -163,17 +164,24 @@ class HiggsRunner(ModelRunner):
         reverted = np.stack([inner[k: k + n, k] for k in range(c)], axis=1)
         return np.clip(reverted, 0, bos - 1)
 
+    def _codec_stream(self):
+        if self.device.type != "cuda":
+            return contextlib.nullcontext()
+        if not hasattr(self._codec_streams, "stream"):
+            self._codec_streams.stream = torch.cuda.Stream(self.device)
+        return torch.cuda.stream(self._codec_streams.stream)
+
     @torch.inference_mode()
     def decode_audio(self, tokens: np.ndarray) -> np.ndarray:
         """Generated frames [T, C] -> waveform float32 [samples] at ``sample_rate``.
 
-        Runs on the writer thread; on CUDA on a stream of its own, so the decode
-        loop's stream never waits for it. One request at a time: a batched conv
-        rounds differently from a lone one, and a row's audio must not depend on
-        which rows finished with it."""
+        Runs on a writer thread; on CUDA on that thread's own stream, so the
+        decode loop's stream never waits for it. One request per call: a batched
+        conv rounds differently from a lone one, and a row's audio must not
+        depend on which rows finished with it."""
         codes = self.codes_for_codec(tokens)
         if len(codes) == 0:
             return np.zeros(0, dtype=np.float32)
-        with torch.cuda.stream(self._codec_stream) if self._codec_stream is not None else contextlib.nullcontext():
+        with self._codec_stream():
             codes_gpu = torch.from_numpy(codes.T.copy())[None].to(self.device)  # [1, C, T']
             return self.codec.decode(codes_gpu)[0].cpu().numpy()  # waits for this stream only

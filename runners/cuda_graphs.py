@@ -41,6 +41,7 @@ class DecodeGraphs:
         return self.fixed_rows or _next_pow2(rows), keys
 
     def _build(self, rows: int, k: int, deterministic: bool, inputs_like: dict[str, torch.Tensor], post):
+        """Static buffers and the padded forward; captured as a graph (with this `post`) when capturing."""
         pad_slot = self.kv.k_gpu.shape[1] - 1
         st = {
             "slots": torch.full((rows,), pad_slot, dtype=torch.int64, device=self.device),
@@ -60,7 +61,7 @@ class DecodeGraphs:
                                  steps_cpu=[], steps_gpu=st["steps"], positions_gpu=st["positions"],
                                  model_inputs=inputs)
 
-        def forward():
+        def forward(post):
             attn = AttentionContext(kv=self.kv, is_prefill=False, slots_gpu=st["slots"], positions_gpu=st["positions"],
                                     mask_gpu=st.get("mask"), kv_len=k, deterministic=deterministic,
                                     lengths_gpu=st.get("lengths"))
@@ -75,13 +76,13 @@ class DecodeGraphs:
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):  # warm-up (kernel selection, workspaces) off the capture
             for _ in range(2):
-                forward()
+                forward(post)
         torch.cuda.current_stream().wait_stream(side)
         graph = torch.cuda.CUDAGraph()
         # thread_local: the writer thread keeps decoding audio on its own stream
         # while this thread captures (the default mode fails its CUDA calls)
         with torch.cuda.graph(graph, pool=self._pool, capture_error_mode="thread_local"):
-            out = forward()
+            out = forward(post)
         return st, inputs, graph, out
 
     def run(self, fb: ForwardBatch, deterministic: bool, post=None, post_key=None):
@@ -93,7 +94,8 @@ class DecodeGraphs:
         """
         n = fb.batch_size
         rows, k = self.buckets(n, max(fb.lengths_cpu))
-        key = (rows, k, post is not None, post_key)
+        # eager runs take this call's `post`; a graph keeps the one it was captured with
+        key = (rows, k, post is not None, post_key if self.capture else None)
         if key not in self._entries:
             self._entries[key] = self._build(rows, k, deterministic, fb.model_inputs, post)
         st, inputs, runner, out = self._entries[key]
@@ -114,7 +116,7 @@ class DecodeGraphs:
             inputs[name].zero_()
             inputs[name][:n] = v
         if out is None:  # eager (capture=False)
-            out = runner()
+            out = runner(post)
         else:
             runner.replay()
         # clone: the next replay overwrites `out`

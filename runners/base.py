@@ -46,6 +46,7 @@ import numpy as np
 import torch
 
 from omni_cli.seeds import derive_seed
+from runners.attention import fused_kernels_available
 from runners.device import host_buffer, new_event
 from runners.engine import Engine, ForwardBatch
 from runners.sampling import (
@@ -164,6 +165,12 @@ class ModelRunner:
         self._staging_slot = 0
         self.async_query_hit = 0
         self.async_query_miss = 0
+        # the draw: one Triton kernel on CUDA (runners/fused_draw.py), PyTorch elsewhere
+        self._draw = draw
+        if fused_kernels_available(device):
+            from runners.fused_draw import fused_draw
+
+            self._draw = fused_draw
 
     # ---- hooks (model families override) ---------------------------------
     def before_prefill(self, fb: ForwardBatch, requests) -> None:
@@ -329,7 +336,7 @@ class ModelRunner:
             rows = apply_suppress_tokens(rows, self.suppress_gpu[slots])
         # draw position = frame_step * num_streams + stream, as sglang-omni's Higgs runner
         positions = (steps[:, None] * c + torch.arange(c, device=self.device)[None, :]).reshape(-1)
-        tokens, logprobs = draw(rows, p("temperature"), p("top_k"), p("top_p"), p("min_p"), p("seed"), positions)
+        tokens, logprobs = self._draw(rows, p("temperature"), p("top_k"), p("top_p"), p("min_p"), p("seed"), positions)
         ras = flags.ras_window > 0
         # the unprocessed distribution: RAS redraws from it, --raw-logprobs reports it
         raw = result.logits_gpu.view(b * c, v).float().log_softmax(dim=-1) if ras or self.raw_logprobs else None

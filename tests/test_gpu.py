@@ -53,3 +53,28 @@ def test_async_matches_sync_on_cuda_bf16(tmp_path, eos_ckpt):
     for m in read_manifest(s):
         for rel in (m["file_name"], m["logprobs_file"]):
             assert (a / rel).read_bytes() == (s / rel).read_bytes(), rel
+
+
+def test_fused_draw_matches_the_pytorch_draw_on_cuda():
+    """The one-kernel draw against sampling.draw at the real vocabulary, on CUDA."""
+    import itertools
+
+    import torch
+
+    from runners.fused_draw import fused_draw
+    from runners.sampling import draw
+
+    dev = torch.device("cuda")
+    g = torch.Generator(device=dev).manual_seed(0)
+    grid = list(itertools.product([0.0, 0.7, 1.0, 1.3], [0, 1, 50], [1.0, 0.95, 0.5], [0.0, 0.05]))
+    rows = len(grid) * 20
+    scores = torch.randn(rows, 1026, generator=g, device=dev) * 3
+    scores[::5, 1024] = float("-inf")
+    params = [grid[i % len(grid)] for i in range(rows)]
+    t, k, p, m = (torch.tensor([c[j] for c in params], device=dev) for j in range(4))
+    seeds = torch.randint(0, 2**31, (rows,), generator=g, device=dev) * (1 + (torch.arange(rows, device=dev) % 2) * 2**20)
+    positions = torch.randint(0, 4000, (rows,), generator=g, device=dev)
+    want_tok, want_lp = draw(scores, t, k.long(), p, m, seeds, positions)
+    got_tok, got_lp = fused_draw(scores, t, k.long(), p, m, seeds, positions)
+    assert torch.equal(got_tok, want_tok)
+    torch.testing.assert_close(got_lp, want_lp, atol=1e-5, rtol=0)

@@ -1,0 +1,103 @@
+"""The seeded draw of runners/sampling.py as one Triton kernel per step (CUDA only).
+
+``sampling.draw`` is ~80 PyTorch kernels per step: temperature, two sorts for
+top-k and top-p, softmaxes, a scatter, and the murmur3 hash as ~60 int64
+elementwise passes over [rows, vocab]. Inside the step's CUDA graph they cost
+~0.4 ms at batch 1 and grow with the batch. Here one program takes one row
+(one codebook of one request) through the same steps in registers:
+  temperature -> top-k (ties at the k-th value kept) -> top-p -> min-p
+  -> log_softmax -> argmax(logprobs + Gumbel(murmur3(seed, position, token)))
+with transformers' semantics, as in sampling.apply_warpers, and the same hash
+and float64 Gumbel noise as sampling.gumbel_noise, so a seed draws the same
+token. One difference, at exact ties only: top-p keeps every token whose
+score equals the smallest kept score (the PyTorch path drops tied copies that
+sort into the removed tail). Greedy rows (temperature 0) take the argmax of
+the unwarped scores.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _rotl(x, r: tl.constexpr):
+    return (x << r) | (x >> (32 - r))
+
+
+@triton.jit
+def _mix(h, k):
+    k = _rotl(k * 0xCC9E2D51, 15) * 0x1B873593
+    return _rotl(h ^ k, 13) * 5 + 0xE6546B64
+
+
+@triton.jit
+def _murmur3(seed_lo, seed_hi, pos, cols):
+    """MurmurHash3 x86_32, seed 0, of 4 little-endian uint32 words; cols [BLOCK] uint32."""
+    h = _mix(tl.zeros_like(cols), seed_lo + tl.zeros_like(cols))
+    h = _mix(h, seed_hi + tl.zeros_like(cols))
+    h = _mix(h, pos + tl.zeros_like(cols))
+    h = _mix(h, cols)
+    h = h ^ 16
+    h = (h ^ (h >> 16)) * 0x85EBCA6B
+    h = (h ^ (h >> 13)) * 0xC2B2AE35
+    return h ^ (h >> 16)
+
+
+@triton.jit
+def _draw_kernel(scores_ptr, temp_ptr, top_k_ptr, top_p_ptr, min_p_ptr, seed_ptr, pos_ptr, tok_ptr, lp_ptr,
+                 vocab, BLOCK: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.arange(0, BLOCK)
+    ok = cols < vocab
+    neg_inf = float("-inf")
+    s = tl.load(scores_ptr + row * vocab + cols, mask=ok, other=neg_inf).to(tl.float32)  # [BLOCK]
+    t = tl.load(temp_ptr + row)
+    greedy = t <= 0
+    z = s / tl.where(greedy, 1.0, t)
+    # top-k: keep scores >= the k-th largest
+    k = tl.load(top_k_ptr + row)
+    k = tl.where(k > 0, tl.minimum(k, vocab), vocab)
+    desc = tl.sort(z, 0, descending=True)
+    kth = tl.sum(tl.where(cols == k - 1, desc, 0.0), 0)
+    z = tl.where(z < kth, neg_inf, z)
+    # top-p on the top-k survivors: drop the low tail whose mass is <= 1 - p (never the top token)
+    p = tl.load(top_p_ptr + row)
+    asc = tl.sort(z, 0)  # padding (-inf) sorts first and carries no mass
+    e = tl.exp(asc - tl.max(asc, 0))
+    cum = tl.cumsum(e / tl.sum(e, 0), 0)
+    removed = (cum <= 1 - p) & (cols < BLOCK - 1)
+    smallest_kept = tl.min(tl.where(removed, float("inf"), asc), 0)
+    z = tl.where(p < 1.0, tl.where(z < smallest_kept, neg_inf, z), z)
+    # min-p: drop tokens below min_p times the top probability
+    mp = tl.load(min_p_ptr + row)
+    e2 = tl.exp(z - tl.max(z, 0))
+    z = tl.where(e2 < mp * tl.max(e2, 0), neg_inf, z)
+    proc = tl.where(greedy, s, z)
+    lse = tl.max(proc, 0) + tl.log(tl.sum(tl.exp(proc - tl.max(proc, 0)), 0))
+    lp = proc - lse
+    # the seeded draw: argmax(logprobs + Gumbel noise) in float64
+    seed = tl.load(seed_ptr + row)
+    pos = tl.load(pos_ptr + row)
+    h = _murmur3((seed & 0xFFFFFFFF).to(tl.uint32), ((seed >> 32) & 0xFFFFFFFF).to(tl.uint32),
+                 (pos & 0xFFFFFFFF).to(tl.uint32), cols.to(tl.uint32))
+    log_u = tl.log(h.to(tl.float64) / 4294967295.0)
+    log_u = tl.minimum(tl.maximum(log_u, -1.7976931348623157e308), -(2.0 ** -32))
+    noisy = tl.where(ok, lp.to(tl.float64) - tl.log(-log_u), float("-inf"))
+    tok = tl.where(greedy, tl.argmax(proc, 0), tl.argmax(noisy, 0))
+    tl.store(tok_ptr + row, tok.to(tl.int64))
+    tl.store(lp_ptr + row, tl.sum(tl.where(cols == tok, lp, 0.0), 0))
+
+
+def fused_draw(scores: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor,
+               min_p: torch.Tensor, seeds: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """sampling.draw in one kernel: scores [R, V] float; per-row params [R] -> (tokens [R] int64, logprobs [R])."""
+    r, v = scores.shape
+    tokens = torch.empty(r, dtype=torch.int64, device=scores.device)
+    logprobs = torch.empty(r, dtype=torch.float32, device=scores.device)
+    _draw_kernel[(r,)](scores.contiguous(), temperature.float().contiguous(), top_k.contiguous(),
+                       top_p.float().contiguous(), min_p.float().contiguous(), seeds.contiguous(),
+                       positions.contiguous(), tokens, logprobs, v, BLOCK=triton.next_power_of_2(v))
+    return tokens, logprobs

@@ -3,7 +3,8 @@
 For each batch size, in one run:
   step      the runner's whole decode step through the scheduler loop (async, graphs), median ms
   forward   the graphed decode forward alone (input copies + replay + logits copy), ms
-  sample    the draw alone on [batch * 8, codebook] logits (temperature, top-k, top-p), ms
+  sample    the draw the runner uses (the fused kernel on CUDA) alone on [batch * 8, codebook]
+            logits (temperature, top-k, top-p), ms, launched eagerly
   kernels   GPU time by kernel of the same forward launched eagerly (torch.profiler), top entries
 Prints a table and writes JSON.
 
@@ -24,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from omni_cli.bench import random_model, run_requests  # noqa: E402
 from runners.attention import KVCache  # noqa: E402
 from runners.engine import Engine, ForwardBatch  # noqa: E402
-from runners.sampling import draw  # noqa: E402
+from runners.fused_draw import fused_draw  # noqa: E402
 
 
 def _time_ms(fn, iters: int) -> float:
@@ -76,10 +77,10 @@ def main() -> None:
         fwd_ms = _time_ms(lambda: engine.forward(fb), 50)
         r = b * c
         logits = torch.randn(r, v, device=device)
-        par = dict(temperature=torch.ones(r, device=device), top_k=torch.full((r,), 50, device=device),
+        par = dict(scores=logits, temperature=torch.ones(r, device=device), top_k=torch.full((r,), 50, device=device),
                    top_p=torch.full((r,), 0.95, device=device), min_p=torch.zeros(r, device=device),
                    seeds=torch.arange(r, device=device), positions=torch.arange(r, device=device))
-        sample_ms = _time_ms(lambda: draw(logits, **par), 50)
+        sample_ms = _time_ms(lambda: fused_draw(**par), 50)
         engine.graphs = eager_graphs
         with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
             for _ in range(3):

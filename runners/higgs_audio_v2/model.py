@@ -230,6 +230,7 @@ class HiggsAudioV2LM(nn.Module):
         self.to(device=device, dtype=dtype)
         self._set_rope(device)
         if fused_kernels_available(device):
+            # last: the fused weights are shared storage, which a later .to() would copy apart
             for layer in self.model.layers:
                 layer.self_attn.fuse()
                 layer.audio_mlp.fuse()

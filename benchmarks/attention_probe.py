@@ -25,6 +25,7 @@ import triton
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from benchmarks.timing import graph_us  # noqa: E402
 from runners.decode_attention import BLOCK_N, _decode_attention_kernel  # noqa: E402
 
 TILES = [(BLOCK_N, 4, 3), (32, 4, 3), (64, 8, 3), (128, 4, 2), (128, 8, 3), (64, 4, 1), (256, 8, 2)]
@@ -38,24 +39,6 @@ def run(q, kc, vc, slots, lengths, block: int, warps: int, stages: int) -> torch
         kc.stride(0), kc.stride(1), kc.stride(2), d ** -0.5,
         REP=h // kc.shape[1], REP_PAD=16, D=d, BLOCK=block, USE_DOT=True, num_warps=warps, num_stages=stages)
     return out
-
-
-def _us(fn, layers: int = 28, iters: int = 20) -> float:
-    fn()
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(layers):
-            fn()
-    graph.replay()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    torch.cuda.synchronize()
-    start.record()
-    for _ in range(iters):
-        graph.replay()
-    end.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(end) * 1e3 / (iters * layers)
 
 
 def main() -> None:
@@ -78,7 +61,7 @@ def main() -> None:
                 name = "x".join(map(str, tile))
                 try:
                     err = float((run(q, kc, vc, slots, lengths, *tile).float() - ref.float()).abs().max())
-                    row[name] = {"us": _us(lambda: run(q, kc, vc, slots, lengths, *tile)), "max_diff": err}
+                    row[name] = {"us": graph_us(lambda i: run(q, kc, vc, slots, lengths, *tile), 28), "max_diff": err}
                 except (RuntimeError, triton.CompilationError) as e:  # e.g. out of shared memory
                     row[name] = {"error": str(e)[:200]}
             rows.append(row)

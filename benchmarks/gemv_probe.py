@@ -16,12 +16,17 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 import triton
 import triton.language as tl
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from benchmarks.timing import graph_us  # noqa: E402
 
 SHAPES = {"qkv": (5120, 3072), "o_proj": (3072, 3072), "gate_up": (16384, 3072), "down": (3072, 8192),
           "audio_head": (8208, 3072)}
@@ -50,27 +55,6 @@ def gemv(w: torch.Tensor, x: torch.Tensor, bn: int, bk: int, warps: int) -> torc
     return y
 
 
-def _us(fn, copies: int, iters: int = 20) -> float:
-    """Per call, replayed from a CUDA graph of `copies` calls: launch cost is not measured
-    (in the model every projection runs inside the step's graph)."""
-    for i in range(copies):  # compile, pick kernels
-        fn(i)
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for i in range(copies):
-            fn(i)
-    graph.replay()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    torch.cuda.synchronize()
-    start.record()
-    for _ in range(iters):
-        graph.replay()
-    end.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(end) * 1e3 / (iters * copies)
-
-
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", type=Path, default=Path("gemv_probe.json"))
@@ -83,10 +67,10 @@ def main() -> None:
         x = torch.randn(1, k, device=dev, dtype=torch.bfloat16)
         ref = F.linear(x, ws[0])[0].float()
         row = {"shape": name, "n": n, "k": k, "MB": n * k * 2 / 2**20,
-               "cublas_us": _us(lambda i: F.linear(x, ws[i]), copies)}
+               "cublas_us": graph_us(lambda i: F.linear(x, ws[i]), copies)}
         for bn, bk, warps in CONFIGS:
             err = float((gemv(ws[0], x[0], bn, bk, warps).float() - ref).abs().max())
-            row[f"triton_{bn}x{bk}w{warps}_us"] = _us(lambda i: gemv(ws[i], x[0], bn, bk, warps), copies)
+            row[f"triton_{bn}x{bk}w{warps}_us"] = graph_us(lambda i: gemv(ws[i], x[0], bn, bk, warps), copies)
             row[f"triton_{bn}x{bk}w{warps}_maxerr"] = err
         rows.append(row)
         del ws

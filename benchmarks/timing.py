@@ -1,0 +1,26 @@
+"""Timing for the kernel probes: calls replayed from one CUDA graph, so launch cost is not
+measured (in the model every kernel runs inside the step's graph)."""
+
+from __future__ import annotations
+
+import torch
+
+
+def graph_us(fn, calls: int, iters: int = 20) -> float:
+    """Microseconds per call of fn(i), i = 0..calls-1, captured once and replayed `iters` times."""
+    for i in range(calls):  # compile, pick kernels, allocate
+        fn(i)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for i in range(calls):
+            fn(i)
+    graph.replay()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    torch.cuda.synchronize()
+    start.record()
+    for _ in range(iters):
+        graph.replay()
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) * 1e3 / (iters * calls)

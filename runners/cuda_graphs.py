@@ -1,14 +1,17 @@
-"""CUDA graphs of the decode forward: one per (row bucket, key-length bucket).
+"""CUDA graphs of the decode step: one per row bucket (per key-length bucket without Triton).
 
 An eager decode step of the 3B model launches ~900 kernels and is host-bound
 (~25 ms of launches for ~8 ms of GPU work, measured on an H200). A graph
-replays the whole forward with one launch. Shapes must be static, so a step
-is padded to the next row bucket (padding rows read and write the spare KV
-slot that no request owns). With the Triton decode-attention kernel (CUDA
-with Triton) each row's length is a graph input and one graph serves every
-key length; without it a step attends over a key-length bucket (positions at
-or past a row's length are masked), one graph per bucket. The step's inputs are copied into the
-graph's static buffers; its logits are copied out before the next replay.
+replays the whole step with one launch: the forward and, given a ``post``
+(the runner's logit processing, draw and publish), everything after it up to
+the payload the host reads. Shapes must be static, so a step is padded to the
+next row bucket (padding rows read and write the spare KV slot and the
+runner's spare table slot that no request owns). With the Triton
+decode-attention kernel (CUDA with Triton) each row's length is a graph input
+and one graph serves every key length; without it a step attends over a
+key-length bucket (positions at or past a row's length are masked), one graph
+per bucket. The step's inputs are copied into the graph's static buffers; its
+outputs are copied out before the next replay.
 
 ``capture=False`` runs the same padding and buffers eagerly: deterministic
 mode decodes that way wherever graphs are not captured (the CPU), so the
@@ -33,7 +36,7 @@ class DecodeGraphs:
         self.model, self.kv, self.device, self.capture = model, kv, device, capture
         self.fixed_rows = fixed_rows  # deterministic mode: always this many rows
         self.kernel = fused_kernels_available(device)  # attention reads lengths, not a mask
-        self._entries: dict[tuple[int, int], tuple] = {}
+        self._entries: dict[tuple, tuple] = {}  # (rows, keys, has post, post key) -> buffers, graph, outputs
         self._pool = torch.cuda.graph_pool_handle() if capture else None
 
     def buckets(self, rows: int, kv_len: int) -> tuple[int, int]:

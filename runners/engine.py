@@ -3,9 +3,13 @@
 Its interface is deliberately narrow, so another backend (an sglang-backed
 engine, say) can stand in for it:
   build_forward_batch(scheduler_output) -> ForwardBatch | None
-  forward(forward_batch) -> logits of each row's last position [B, ...]
+  forward(forward_batch, post=None, post_key=None) -> logits of each row's
+      last position [B, ...], or for a decode step post(batch, logits)'s
+      outputs, run inside the step's CUDA graph where graphs are captured
+  captures_graphs() -> bool
 The runner decides what goes in ``forward_batch.model_inputs`` (through its
-hooks); the engine decides how attention and the KV cache work.
+hooks) and what ``post`` does (sampling); the engine decides how attention,
+the KV cache and graph capture work.
 
 Deterministic mode makes each row's arithmetic independent of its batch-mates
 and of the batch size, so outputs are byte-identical however rows are
@@ -15,9 +19,10 @@ attention is pinned to a kernel measured to be bit-stable (see
 AttentionContext.deterministic). Prefill pads each prompt to a length bucket
 that depends on its own length only and runs chunks of a fixed number of
 prompts of one bucket; decode runs chunks of a fixed number of rows, with
-attention in fixed key blocks whose masked tail is an exact no-op (so the
-key-length bucket may follow the batch). Padding rows use a spare KV slot
-that no request owns.
+attention that depends only on the row (on CUDA the Triton kernel, which
+reads a row's keys up to its own length; elsewhere fixed key blocks whose
+masked tail is an exact no-op, so the key-length bucket may follow the
+batch). Padding rows use a spare KV slot that no request owns.
 """
 
 from __future__ import annotations

@@ -20,3 +20,39 @@ def test_fewer_slots_when_memory_is_short():
 
 def test_no_slot_when_not_even_one_fits():
     assert kv_slots_within(free_bytes=50 * MIB, per_slot_bytes=10 * MIB, wanted=64, headroom=100 * MIB) == 0
+
+
+def _patch_free(monkeypatch, free_bytes: int) -> None:
+    import runners.higgs_audio_v2 as higgs
+
+    monkeypatch.setattr(higgs, "free_memory", lambda device: free_bytes)
+
+
+def test_generate_runs_fewer_requests_when_the_kv_cache_does_not_fit(tmp_path, monkeypatch):
+    import json
+
+    from runners.device import KV_HEADROOM_BYTES
+    from tests.conftest import TINY, read_manifest, run_cli, write_config, write_jsonl
+
+    # tiny checkpoint: 2 layers x 2 KV heads x 256 positions x head_dim 8 x (K, V) x 4 bytes per slot
+    per_slot = 2 * 2 * 2 * 256 * 8 * 4
+    _patch_free(monkeypatch, KV_HEADROOM_BYTES + 3 * per_slot + per_slot // 2)  # 3 slots: 2 requests + padding
+    cfg = write_config(tmp_path / "m.yaml", TINY, max_seq_len=256)
+    prompts = write_jsonl(tmp_path / "p.jsonl", [{"id": f"r{i}", "text": f"Row {i}."} for i in range(5)])
+    res = run_cli("generate", prompts, "-o", tmp_path / "out", "--model", cfg, "--max-batch-size", "8",
+                  "--max-new-frames", "12")
+    assert res.exit_code == 0, res.output
+    assert "KV cache of 2 requests at once (max_batch_size 8)" in res.output
+    assert json.loads((tmp_path / "out" / "run.json").read_text())["kv_slots"] == 2
+    assert [m["status"] for m in read_manifest(tmp_path / "out")] == ["ok"] * 5
+
+
+def test_generate_refuses_when_not_one_request_fits(tmp_path, monkeypatch):
+    from tests.conftest import TINY, run_cli, write_config, write_jsonl
+
+    _patch_free(monkeypatch, 1 << 20)
+    cfg = write_config(tmp_path / "m.yaml", TINY, max_seq_len=256)
+    prompts = write_jsonl(tmp_path / "p.jsonl", [{"id": "a", "text": "Hello."}])
+    res = run_cli("generate", prompts, "-o", tmp_path / "out", "--model", cfg)
+    assert res.exit_code == 2
+    assert "not enough free memory" in res.output and "lower max_seq_len" in res.output

@@ -109,8 +109,7 @@ class DecodeGraphs:
         st["positions"][:n] = fb.positions_gpu
         st["steps"].zero_()
         st["steps"][:n] = fb.steps_gpu
-        lens = torch.ones(rows, dtype=torch.int64)
-        lens[:n] = torch.tensor(fb.lengths_cpu)
+        lens = torch.tensor(fb.lengths_cpu + [1] * (rows - n), dtype=torch.int64)  # padding rows: one key
         if self.kernel:
             st["lengths"].copy_(lens, non_blocking=True)
         else:

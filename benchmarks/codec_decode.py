@@ -4,7 +4,12 @@ Ours (runners/higgs_audio_v2/codec.py: transformers' DAC decoder with the
 Snake activations fused on CUDA) against transformers'
 HiggsAudioV2TokenizerModel.decode, same weights (ours loads the saved
 reference checkpoint through its real loading path), same codes, in one run.
-Each row: dtype, batch x seconds of codes, median ms per decode, audio-s/s.
+Each row: dtype, batch x seconds of codes, median ms per decode, audio-s/s;
+for ours also the peak device memory of one decode above what was allocated
+before it, and how far a row decoded in the batch is from the same row
+decoded alone (max |diff| over the batch's first and last rows), beside how
+far this dtype is from float32 (max |diff| of our decode against our float32
+decode of the same codes).
 Prints a table and writes JSON.
 
   python benchmarks/codec_decode.py --batch 1 16 64 --seconds 10 --out codec_decode.json
@@ -66,16 +71,32 @@ def main() -> None:
                 peers = {"omni": lambda: ours[dt].decode(codes), "transformers": lambda: ref.decode(codes, return_dict=False)}
                 out = {name: fn() for name, fn in peers.items()}
                 diff = float((out["omni"] - out["transformers"][:, 0].float()).abs().max())
+                ends = [0, b - 1]
+                alone = torch.cat([ours[dt].decode(codes[i: i + 1]) for i in ends])
+                vs_alone = float((out["omni"][ends] - alone).abs().max())
+                vs_fp32 = float((out["omni"] - ours[torch.float32].decode(codes)).abs().max())
+                torch.cuda.synchronize()
+                base = torch.cuda.memory_allocated()
+                torch.cuda.reset_peak_memory_stats()
+                ours[dt].decode(codes)
+                peak_mib = (torch.cuda.max_memory_allocated() - base) / 2**20
                 for name, fn in peers.items():
                     ms = _median_ms(fn, args.iters)
-                    rows.append({"peer": name, "dtype": str(dt).replace("torch.", ""), "batch": b,
-                                 "seconds": args.seconds, "ms": ms, "audio_s_per_s": b * args.seconds / (ms / 1e3),
-                                 "max_abs_diff_vs_transformers": diff})
+                    row = {"peer": name, "dtype": str(dt).replace("torch.", ""), "batch": b,
+                           "seconds": args.seconds, "ms": ms, "audio_s_per_s": b * args.seconds / (ms / 1e3),
+                           "max_abs_diff_vs_transformers": diff}
+                    if name == "omni":
+                        row.update(peak_mib=peak_mib, max_abs_diff_batched_vs_alone=vs_alone,
+                                   max_abs_diff_vs_fp32=vs_fp32)
+                    rows.append(row)
             torch.cuda.empty_cache()
-    print(f"{'peer':<13} {'dtype':<9} {'batch':>5} {'ms':>9} {'audio-s/s':>10} {'max |diff|':>11}")
+    print(f"{'peer':<13} {'dtype':<9} {'batch':>5} {'ms':>9} {'audio-s/s':>10} {'max |diff|':>11} "
+          f"{'peak MiB':>9} {'vs alone':>9} {'vs fp32':>9}")
     for r in rows:
+        extra = (f" {r['peak_mib']:>9.0f} {r['max_abs_diff_batched_vs_alone']:>9.2e} {r['max_abs_diff_vs_fp32']:>9.2e}"
+                 if "peak_mib" in r else "")
         print(f"{r['peer']:<13} {r['dtype']:<9} {r['batch']:>5} {r['ms']:>9.1f} {r['audio_s_per_s']:>10.0f} "
-              f"{r['max_abs_diff_vs_transformers']:>11.2e}")
+              f"{r['max_abs_diff_vs_transformers']:>11.2e}{extra}")
     args.out.write_text(json.dumps({"device": torch.cuda.get_device_name(), "torch": torch.__version__,
                                     "rows": rows}, indent=2))
 

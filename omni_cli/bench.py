@@ -116,7 +116,7 @@ def run_requests(model, codec, n_req: int, max_batch: int, frames: int, prompt_l
         sched.add(r)
     _sync(device)
     t0 = time.perf_counter()
-    stats = run_loop(sched, runner, lambda r: None, lambda rows, st: None, async_decode)
+    stats = run_loop(sched, runner, lambda rs: None, lambda rows, st: None, async_decode)
     wall = time.perf_counter() - t0
     return RunResult(stats, wall, runner.async_query_hit, runner.async_query_miss,
                      {r.rid: np.stack(r.frames) for r in reqs}, {r.rid: np.stack(r.logprobs) for r in reqs})

@@ -1,12 +1,12 @@
 """`omni generate`: prompts in, audio files + logprobs + manifest out.
 
 Rows are validated and queued; omni_cli.loop drives the scheduler and the
-runner (sync or with the async lookahead) and hands back each finished
-request to a pool of writer threads, which decode its audio (each on a CUDA
-stream of its own) and write its files while the loop keeps decoding. Every input row
-ends in the manifest: ok, failed (with the error naming the row and field)
-or, after Ctrl-C, interrupted (the rows already handed to the writer are
-written first).
+runner (sync or with the async lookahead) and hands back the requests that
+finish in each step to a codec thread, which decodes their audio on a CUDA
+stream of its own, and a pool of writer threads writes their files, while the
+loop keeps decoding. Every input row ends in the manifest: ok, failed (with
+the error naming the row and field) or, after Ctrl-C, interrupted (the rows
+already handed to the codec are written first).
 """
 
 from __future__ import annotations
@@ -36,8 +36,7 @@ from omni_cli.seeds import row_seed
 
 FAMILIES = {"higgs_audio_v2": "runners.higgs_audio_v2"}
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-# rows written at once: one thread made the writer the bottleneck when a batch
-# finishes together (~15 ms a row at the 3B shape, measured on the H200 machine)
+# rows whose files are written at once (soundfile and numpy release the GIL)
 WRITER_THREADS = 4
 
 
@@ -159,37 +158,56 @@ def run_generate(opts: GenerateOptions) -> RunSummary:
             by_rid[r.id] = (r, req)
             by_system[r.id] = system
 
-        def write(req: Request) -> None:  # on the writer thread
+        def write(req: Request, tokens: np.ndarray, wave) -> None:  # on a writer thread: one row's files
             nonlocal ok
-            row, _ = by_rid[req.rid]
+            row = by_rid[req.rid][0]
+            if isinstance(wave, Exception):
+                fail(row.row, req.rid, row.text, f"row {row.row}: decoding its audio failed: {wave}")
+                return
             try:
-                record = _write_request(writer, runner, row, req, by_system[req.rid])
-            except (OSError, RuntimeError, ValueError) as e:  # a full disk, a codec error: this row only
+                record = _write_request(writer, runner, row, req, by_system[req.rid], tokens, wave)
+            except (OSError, ValueError) as e:  # a full disk: this row only
                 fail(row.row, req.rid, row.text, f"row {row.row}: writing its outputs failed: {e}")
                 return
             with counts_lock:
                 ok += 1
             progress.row_done(record["duration_s"], ok=True)
 
-        # several rows at once: a row's codec decode runs alone on its thread's CUDA
-        # stream (so its audio does not depend on the others), files in parallel
-        pool = ThreadPoolExecutor(max_workers=WRITER_THREADS, thread_name_prefix="omni-writer")
-        pending_writes = []
+        def decode_and_write(reqs: list[Request]) -> None:  # on the codec thread
+            tokens = [np.stack(r.frames) for r in reqs]  # [frames, codebooks], as sampled
+            for req, toks, wave in zip(reqs, tokens, decode_rows(runner, tokens, batch_codec)):
+                pending.append(writers.submit(write, req, toks, wave))
 
-        def finished(req: Request) -> None:
-            pending_writes.append(pool.submit(write, req))
+        # The audio of the rows that finish in a step is decoded on one codec
+        # thread (batched, except in deterministic mode), on its own CUDA stream,
+        # and their files are written by a pool. One codec thread: cuDNN sets up
+        # per thread and per input shape (on the H200 machine, 1.5 s for the first
+        # call, 60-350 ms for each new shape), and Python launches the codec's
+        # kernels under the GIL anyway, so more codec threads add set-up, not speed.
+        # batched on CUDA only: the CPU path stays per row (a batched CPU conv rounds differently too)
+        batch_codec = device.type == "cuda" and not config.deterministic
+        codec_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="omni-codec")
+        writers = ThreadPoolExecutor(max_workers=WRITER_THREADS, thread_name_prefix="omni-writer")
+        pending = []  # futures, appended by this thread and the codec thread
+
+        def finished(reqs: list[Request]) -> None:
+            pending.append(codec_thread.submit(decode_and_write, reqs))
 
         def stepped(rows: int, loop_stats) -> None:
             progress.step(rows, runner.async_query_hit, runner.async_query_miss, loop_stats.sync_routed)
 
+        t_loop = time.perf_counter()
         try:
             stats = run_loop(scheduler, runner, finished, stepped, config.async_decode)
         except KeyboardInterrupt:
             interrupted = True
             stats = None
         finally:
-            pool.shutdown(wait=True)  # every finished request's files are on disk after this
-        for f in pending_writes:
+            t_decoded = time.perf_counter()
+            codec_thread.shutdown(wait=True)  # every finished request decoded, its files submitted
+            writers.shutdown(wait=True)  # and on disk
+            t_written = time.perf_counter()
+        for f in list(pending):
             f.result()  # a bug in the writer (expected errors fail their row) is raised here
         if interrupted:  # account for the rest
             for rid, (row, req) in by_rid.items():
@@ -209,6 +227,10 @@ def run_generate(opts: GenerateOptions) -> RunSummary:
                    "frames": progress.frames, "audio_s": round(progress.audio_s, 3)},
         "timings": {"load_s": round(t_loaded - t0, 3), "generate_s": round(t_end - t_loaded, 3),
                     "wall_s": round(t_end - t0, 3), "frames_per_s": round(fps, 2), "audio_s_per_s": round(asps, 3),
+                    # the loop (prefill + decode, files written beside it), then the writers' tail
+                    "loop_s": round(t_decoded - t_loop, 3),
+                    "prefill_s": round(sum(stats.prefill_ms) / 1e3, 3) if stats else None,
+                    "write_tail_s": round(t_written - t_decoded, 3),
                     "step_ms": stats.percentiles() if stats else {}},
         "async_decode": {"enabled": config.async_decode, "query_hits": runner.async_query_hit,
                          "query_misses": runner.async_query_miss,
@@ -234,6 +256,25 @@ def _request(r, system: str, base_params, prompt_builder, run_seed: int | None) 
     return Request(rid=r.id, prompt_ids=prompt_ids, params=params, seed=row_seed(r.seed, run_seed, r.id))
 
 
+def decode_rows(runner, tokens: list[np.ndarray], batched: bool) -> list:
+    """Each row's waveform, or the error that kept its audio from being decoded.
+
+    When a call fails (a batch out of memory, say), the rows are retried one
+    by one, so that only a row that fails alone is lost."""
+    try:
+        return runner.decode_audio(tokens, batched=batched)
+    except (RuntimeError, ValueError) as e:  # a codec error
+        if len(tokens) == 1:
+            return [e]
+    out = []
+    for t in tokens:
+        try:
+            out.append(runner.decode_audio([t], batched=False)[0])
+        except (RuntimeError, ValueError) as e:
+            out.append(e)
+    return out
+
+
 def _async_summary(enabled: bool, runner, stats) -> str:
     if not enabled:
         return "omni: async decode off (synchronous steps)"
@@ -243,11 +284,10 @@ def _async_summary(enabled: bool, runner, stats) -> str:
     return f"omni: async decode on: query hit rate {rate} ({hits} hits, {misses} misses), {routed} steps routed to sync"
 
 
-def _write_request(writer: OutputWriter, runner, row, req: Request, system: str) -> dict:
-    tokens = np.stack(req.frames)  # [frames, codebooks], as sampled (BOS ramp, EOS staircase)
+def _write_request(writer: OutputWriter, runner, row, req: Request, system: str, tokens: np.ndarray,
+                   audio: np.ndarray) -> dict:
     logprobs = np.stack(req.logprobs)
     raw = np.stack(req.raw_logprobs) if req.raw_logprobs else None
-    audio = runner.decode_audio(tokens)
     meta = {"row": row.row, "text": row.text, "scene": row.scene, "system": system, "seed": req.seed,
             "finish_reason": req.finish_reason, **req.params.as_record()}
     return writer.write_ok(row.row, req.rid, audio, tokens, logprobs, runner.real_code_mask(tokens), meta, raw)

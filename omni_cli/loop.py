@@ -33,19 +33,23 @@ class LoopStats:
         return {f"p{q}": round(float(np.percentile(a, q)), 3) for q in (50, 90, 99)}
 
 
-def run_loop(scheduler: Scheduler, runner, on_finished: Callable[[Request], None],
+def run_loop(scheduler: Scheduler, runner, on_finished: Callable[[list[Request]], None],
              on_step: Callable[[int, LoopStats], None], async_decode: bool) -> LoopStats:
-    """Drive until every request has finished; calls on_finished(req) as each one does."""
+    """Drive until every request has finished; after each step, on_finished(reqs) gets the
+    requests that finished in it, in batch order (none: no call)."""
     stats = LoopStats(async_decode=async_decode)
     pending = None
 
     def handle(so_requests, out) -> None:
         on_step(len(out.req_ids), stats)
+        done = []
         for req in so_requests:
             got = out.outputs.get(req.rid)
             if got is not None and got.finish_reason is not None:
                 scheduler.finish(req, got.finish_reason)
-                on_finished(req)
+                done.append(req)
+        if done:
+            on_finished(done)
 
     def resolve() -> None:
         nonlocal pending

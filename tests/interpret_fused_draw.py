@@ -1,9 +1,10 @@
 """The fused CUDA draw (runners/fused_draw.py) against sampling.draw, in Triton's CPU interpreter.
 
 Run as a subprocess by tests/test_decode_attention.py with TRITON_INTERPRET=1.
-Random float32 scores over a small vocabulary (some masked to -inf, as the
-delay pattern does), every combination of greedy / temperature, top-k,
-top-p and min-p, seeds past 2^32 (the hash's high word) and varied positions:
+Random float32 scores over the Higgs vocabulary (some masked to -inf, as the
+delay pattern does; in a third of the rows integers, so that top-k cuts
+through ties), every combination of greedy / temperature, top-k, top-p and
+min-p, seeds past 2^32 (the hash's high word) and varied positions:
 the tokens must be the PyTorch path's, exactly, and their logprobs equal to
 within float32 rounding.
 """
@@ -26,7 +27,7 @@ def main() -> int:
     g = torch.Generator().manual_seed(0)
     grid = list(itertools.product([0.0, 0.7, 1.3], [0, 1, 50], [1.0, 0.9, 0.5], [0.0, 0.05]))
     rows = len(grid) * 2
-    vocab = 37  # not a power of two; small, because the interpreter's tl.sort is slow (~14 s a row at 1026)
+    vocab = 1026  # the Higgs codebook (1024 codes, stream BOS, EOS): not a power of two
     scores = torch.randn(rows, vocab, generator=g) * 3
     scores[::5, vocab - 2] = float("-inf")  # a forced-away stream token
     scores[1::7, : vocab - 2] = float("-inf")  # a forced stream token: one finite score
@@ -35,6 +36,11 @@ def main() -> int:
     k = k.long()
     seeds = torch.randint(0, 2**31, (rows,), generator=g) + torch.tensor([0, 2**40] * (rows // 2))
     positions = torch.randint(0, 4000, (rows,), generator=g)
+    # ties: integer scores, so many tokens share the k-th value (all of them are kept);
+    # top-p off there, since at a tie it keeps every tied copy (see fused_draw)
+    ties = len(grid) // 3
+    scores[-ties:] = torch.randint(-4, 5, (ties, vocab), generator=g).float()
+    p[-ties:] = 1.0
     want_tok, want_lp = draw(scores, t, k, p, m, seeds, positions)
     got_tok, got_lp = fused_draw(scores, t, k, p, m, seeds, positions)
     bad = (want_tok != got_tok).nonzero()[:, 0].tolist()

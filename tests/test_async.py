@@ -157,7 +157,7 @@ def test_thousand_random_requests_free_every_slot_once(tmp_path, early_eos_ckpt)
     freed = []
     real_free = sched.slots.free
     sched.slots.free = lambda slot: (freed.append(slot), real_free(slot))[1]
-    stats = run_loop(sched, runner, finished.append, lambda rows, st: None, async_decode=True)
+    stats = run_loop(sched, runner, finished.extend, lambda rows, st: None, async_decode=True)
     assert len(finished) == 1000 and len({r.rid for r in finished}) == 1000
     assert len(freed) == 1000 and sched.slots.num_free == 6 and not sched.running
     stops = 0
@@ -188,7 +188,7 @@ def test_ineligible_batches_take_the_sync_path(tmp_path, eos_ckpt):
                 for i, t in enumerate(TEXTS[:6])]
         for r in reqs:
             sched.add(r)
-        stats = run_loop(sched, runner, lambda r: None, lambda rows, st: None, async_decode=async_decode)
+        stats = run_loop(sched, runner, lambda rs: None, lambda rows, st: None, async_decode=async_decode)
         outs[async_decode] = ({r.rid: np.stack(r.frames) for r in reqs}, {r.rid: np.stack(r.logprobs) for r in reqs})
     assert stats.sync_routed > 5
     for rid in outs[False][0]:

@@ -67,6 +67,9 @@ def test_flac_and_stdin(tmp_path):
     run = json.loads((out / "run.json").read_text())
     assert run["totals"]["ok"] == 1 and run["totals"]["frames"] == row["frames"] == 20
     assert {"torch", "transformers", "omni_cli"} <= set(run["versions"])
+    t = run["timings"]
+    assert 0 <= t["prefill_s"] <= t["loop_s"] and t["write_tail_s"] >= 0
+    assert t["loop_s"] + t["write_tail_s"] <= t["generate_s"]
     z = np.load(out / "logprobs/s1.npz")
     assert z["tokens"].shape == z["logprobs"].shape == z["mask"].shape == (20, 8)
 
@@ -89,3 +92,96 @@ def test_a_row_whose_files_cannot_be_written_fails_alone(tmp_path, monkeypatch):
     assert m["a"]["status"] == m["c"]["status"] == "ok"
     assert m["b"]["status"] == "failed" and "row 2: writing its outputs failed" in m["b"]["error"]
     assert "No space left" in m["b"]["error"]
+
+
+def test_pcm16_matches_libsndfile():
+    """Our float -> PCM_16 conversion writes the bytes libsndfile's own conversion writes."""
+    import io
+
+    from omni_cli.output import pcm16
+
+    rng = np.random.default_rng(0)
+    # normal audio, clipping, and the exact multiples of 1/32768 and their halves where rounding rules differ
+    audio = np.concatenate([rng.standard_normal(200_000) * 0.5, rng.uniform(-3, 3, 1000),
+                            rng.integers(-65536, 65537, 50_000) / 65536]).astype(np.float32)
+    ours, theirs = io.BytesIO(), io.BytesIO()
+    sf.write(ours, pcm16(audio), 24000, format="WAV", subtype="PCM_16")
+    sf.write(theirs, np.clip(audio, -1, 1), 24000, format="WAV", subtype="PCM_16")
+    assert ours.getvalue() == theirs.getvalue()
+
+
+def _codec_calls(monkeypatch, fail=lambda batch, call: False):
+    """Record (batch size, raised) of every codec decode (writer threads call it at once);
+    raise a RuntimeError where fail(batch, call number) says."""
+    import threading
+
+    from runners.higgs_audio_v2.codec import HiggsCodecDecoder
+
+    real, calls, lock = HiggsCodecDecoder.decode, [], threading.Lock()
+
+    def decode(self, codes):
+        with lock:
+            raised = fail(codes.shape[0], len(calls) + 1)
+            calls.append((codes.shape[0], raised))
+        if raised:
+            raise RuntimeError("CUDA out of memory (test)")
+        return real(self, codes)
+
+    monkeypatch.setattr(HiggsCodecDecoder, "decode", decode)
+    return calls
+
+
+def _tiny_runner():
+    import torch
+
+    import runners.higgs_audio_v2 as higgs
+    from omni_cli.config import load_config
+
+    return higgs.build(load_config(None), torch.float32, torch.device("cpu"))[0]
+
+
+def _frames(rng, n: int) -> np.ndarray:
+    """Generated frames [n, 8] as the runner samples them: BOS ramp, codes, EOS staircase."""
+    t = rng.integers(0, 1024, (n, 8))
+    for k in range(8):
+        t[:k + 1, k] = 1024
+        t[n - 8 + k:, k] = 1025
+    return t
+
+
+def test_batched_codec_groups_equal_lengths_and_sounds_as_if_alone(monkeypatch):
+    """Rows of one codec length share a call (at most CODEC_BATCH_FRAMES frames); each row's
+    audio is its own, as decoded alone, to within a batched conv's rounding."""
+    import runners.higgs_audio_v2.runner as higgs_runner
+    from omni_cli.output import pcm16
+
+    runner = _tiny_runner()
+    rng = np.random.default_rng(0)
+    tokens = [_frames(rng, n) for n in (40, 30, 40, 40, 30, 40, 9)]  # 9 frames: no audio at all
+    monkeypatch.setattr(higgs_runner, "CODEC_BATCH_FRAMES", 3 * 31)  # 3 rows of 40 frames (31 codec frames)
+    calls = _codec_calls(monkeypatch)
+    batched = runner.decode_audio(tokens, batched=True)
+    assert sorted(b for b, _ in calls) == [1, 2, 3]  # four 40-frame rows: 3 + 1; two 30-frame rows: 2
+    alone = [runner.decode_audio([t], batched=False)[0] for t in tokens]
+    assert len(batched[-1]) == 0 == len(alone[-1])
+    for got, want in zip(batched[:-1], alone[:-1]):
+        assert got.shape == want.shape
+        assert np.abs(pcm16(got).astype(np.int32) - pcm16(want)).max() <= 1
+
+
+def test_a_codec_batch_that_fails_is_retried_row_by_row(monkeypatch):
+    from omni_cli.generate import decode_rows
+
+    runner = _tiny_runner()
+    rng = np.random.default_rng(1)
+    tokens = [_frames(rng, 30) for _ in range(6)]
+    want = [runner.decode_audio([t], batched=False)[0] for t in tokens]
+    # every batch fails, and so does every third single-row call: only those rows are lost
+    calls = _codec_calls(monkeypatch, fail=lambda batch, call: batch > 1 or call % 3 == 0)
+    got = decode_rows(runner, tokens, batched=True)
+    assert calls[0] == (6, True) and [b for b, _ in calls[1:]] == [1] * 6
+    for (b, raised), g, w in zip(calls[1:], got, want):
+        if raised:
+            assert isinstance(g, RuntimeError) and "out of memory" in str(g)
+        else:
+            np.testing.assert_array_equal(g, w)

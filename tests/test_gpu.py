@@ -78,3 +78,36 @@ def test_fused_draw_matches_the_pytorch_draw_on_cuda():
     got_tok, got_lp = fused_draw(scores, t, k.long(), p, m, seeds, positions)
     assert torch.equal(got_tok, want_tok)
     torch.testing.assert_close(got_lp, want_lp, atol=1e-5, rtol=0)
+
+
+def test_default_mode_batches_the_codec_within_bf16_rounding(tmp_path):
+    """Rows that finish together share codec calls on CUDA: each row's audio stays within
+    bf16's own rounding (our bf16 decode against float32) of the row decoded alone."""
+    import numpy as np
+    import soundfile as sf
+    import torch
+
+    import runners.higgs_audio_v2 as higgs
+    from omni_cli.config import load_config
+    from omni_cli.output import pcm16
+    from runners.higgs_audio_v2.codec import HiggsCodecDecoder
+
+    cfg = write_config(tmp_path / "m.yaml", TINY, max_seq_len=256)
+    cfg.write_text(cfg.read_text().replace("dtype: float32", "dtype: bfloat16").replace("device: cpu", "device: cuda"))
+    calls = []
+    real = HiggsCodecDecoder.decode
+    HiggsCodecDecoder.decode = lambda self, codes: (calls.append(codes.shape[0]), real(self, codes))[1]
+    try:
+        out = _gen(tmp_path, "d", cfg, [{"id": f"r{i}", "text": t} for i, t in enumerate(TEXTS)], "--seed", "2",
+                   "--min-new-frames", "60", "--max-batch-size", "8")
+    finally:
+        HiggsCodecDecoder.decode = real
+    assert max(calls) == 8 and sum(calls) == 8  # the 8 rows finish in one step
+    dev = torch.device("cuda")
+    runners = {dt: higgs.build(load_config(str(cfg)), dt, dev)[0] for dt in (torch.bfloat16, torch.float32)}
+    for m in read_manifest(out):
+        tokens = np.load(out / m["logprobs_file"])["tokens"]
+        alone = {dt: pcm16(r.decode_audio([tokens], batched=False)[0]).astype(np.int32) for dt, r in runners.items()}
+        got, _ = sf.read(out / m["file_name"], dtype="int16")
+        bound = max(1, int(np.abs(alone[torch.bfloat16] - alone[torch.float32]).max()))
+        assert np.abs(got.astype(np.int32) - alone[torch.bfloat16]).max() <= bound, m["id"]

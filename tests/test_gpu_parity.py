@@ -163,7 +163,7 @@ def test_greedy_codes_match_transformers_for_50_frames(models, teacher_forced):
     reqs = [Request(rid=f"r{i}", prompt_ids=p, params=params, seed=i) for i, p in enumerate(prompts)]
     for r in reqs:
         sched.add(r)
-    run_loop(sched, runner, lambda r: None, lambda n, st: None, True)
+    run_loop(sched, runner, lambda rs: None, lambda n, st: None, True)
     for r, p in zip(reqs, prompts):
         codes, raw, scores = _greedy(oracle, p)
         peer_codes, _, _ = _greedy(peer, p)

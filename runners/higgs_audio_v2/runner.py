@@ -28,6 +28,9 @@ from runners.engine import Engine, ForwardBatch
 from runners.higgs_audio_v2.codec import HiggsCodecDecoder
 from runners.higgs_audio_v2.config import HiggsConfig
 
+# codec frames per batched decode call: ~1 GiB of activations at the 3B codec in bf16
+CODEC_BATCH_FRAMES = 4096
+
 
 class HiggsRunner(ModelRunner):
     sample_rate: int
@@ -42,7 +45,8 @@ class HiggsRunner(ModelRunner):
         if codec.num_quantizers != cfg.num_codebooks:
             raise ValueError(f"codec has {codec.num_quantizers} quantizers, the model {cfg.num_codebooks} codebooks")
         self.codec = codec
-        self._codec_streams = threading.local()  # one CUDA stream per writer thread
+        self._codec_streams = threading.local()  # one CUDA stream per calling thread
+        self._codec_lock = threading.Lock()  # one batched codec call at a time (its memory)
         self.sample_rate = codec.sample_rate
         self.hop_length = codec.hop_length
         c, s = cfg.num_codebooks, num_slots + 1  # + the padding rows' slot
@@ -172,16 +176,36 @@ class HiggsRunner(ModelRunner):
         return torch.cuda.stream(self._codec_streams.stream)
 
     @torch.inference_mode()
-    def decode_audio(self, tokens: np.ndarray) -> np.ndarray:
-        """Generated frames [T, C] -> waveform float32 [samples] at ``sample_rate``.
+    def decode_audio(self, tokens: list[np.ndarray], batched: bool) -> list[np.ndarray]:
+        """Generated frames, [T, C] per request -> waveforms, float32 [samples] each at ``sample_rate``.
 
-        Runs on a writer thread; on CUDA on that thread's own stream, so the
-        decode loop's stream never waits for it. One request per call: a batched
-        conv rounds differently from a lone one, and a row's audio must not
-        depend on which rows finished with it."""
-        codes = self.codes_for_codec(tokens)
-        if len(codes) == 0:
-            return np.zeros(0, dtype=np.float32)
+        Runs on the caller's thread (omni generate's codec thread); on CUDA on
+        a stream of that thread's own, so the decode loop's stream never waits
+        for it. ``batched``: requests whose
+        codec input has the same length go through the codec as one batch
+        (the default mode; a batched conv rounds differently from a lone one,
+        so a row's last bits then depend on which rows finished with it, as
+        its tokens already do there). Otherwise every request goes alone,
+        which deterministic mode needs. A batch holds at most
+        CODEC_BATCH_FRAMES codec frames, and one batch runs at a time: the
+        codec's activations peak near 250 KB a frame in bf16 (3B codec), and
+        the KV cache leaves only device.KV_HEADROOM_BYTES free."""
+        codes = [self.codes_for_codec(t) for t in tokens]
+        audio: list[np.ndarray | None] = [None] * len(codes)
+        groups: dict[int, list[int]] = {}
+        for i, c in enumerate(codes):
+            if len(c) == 0:
+                audio[i] = np.zeros(0, dtype=np.float32)
+            else:
+                groups.setdefault(len(c) if batched else -1 - i, []).append(i)
         with self._codec_stream():
-            codes_gpu = torch.from_numpy(codes.T.copy())[None].to(self.device)  # [1, C, T']
-            return self.codec.decode(codes_gpu)[0].cpu().numpy()  # waits for this stream only
+            for length, members in groups.items():
+                rows = max(1, CODEC_BATCH_FRAMES // max(length, 1))
+                for start in range(0, len(members), rows):
+                    chunk = members[start: start + rows]
+                    codes_gpu = torch.from_numpy(np.stack([codes[i].T for i in chunk]))  # [B, C, T']
+                    with self._codec_lock if len(chunk) > 1 else contextlib.nullcontext():
+                        wave = self.codec.decode(codes_gpu.to(self.device)).cpu().numpy()  # waits for this stream
+                    for j, i in enumerate(chunk):
+                        audio[i] = wave[j]
+        return audio

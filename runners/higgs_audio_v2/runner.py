@@ -28,7 +28,8 @@ from runners.engine import Engine, ForwardBatch
 from runners.higgs_audio_v2.codec import HiggsCodecDecoder
 from runners.higgs_audio_v2.config import HiggsConfig
 
-# codec frames per batched decode call: ~1 GiB of activations at the 3B codec in bf16
+# codec frames per batched decode call: ~1.4 GiB of activations at the 3B codec
+# in bf16 (~340 KB a frame, measured by benchmarks/codec_decode.py)
 CODEC_BATCH_FRAMES = 4096
 
 
@@ -181,26 +182,25 @@ class HiggsRunner(ModelRunner):
 
         Runs on the caller's thread (omni generate's codec thread); on CUDA on
         a stream of that thread's own, so the decode loop's stream never waits
-        for it. ``batched``: requests whose
-        codec input has the same length go through the codec as one batch
-        (the default mode; a batched conv rounds differently from a lone one,
-        so a row's last bits then depend on which rows finished with it, as
-        its tokens already do there). Otherwise every request goes alone,
-        which deterministic mode needs. A batch holds at most
-        CODEC_BATCH_FRAMES codec frames, and one batch runs at a time: the
-        codec's activations peak near 250 KB a frame in bf16 (3B codec), and
-        the KV cache leaves only device.KV_HEADROOM_BYTES free."""
+        for it. ``batched``: requests whose codec input has the same length go
+        through the codec as one batch (the default mode on CUDA; a batched
+        conv rounds differently from a lone one, so a row's last bits then
+        depend on which rows finished with it, as its tokens already do
+        there). Otherwise every request goes alone, which deterministic mode
+        needs. A batch holds at most CODEC_BATCH_FRAMES codec frames, and one
+        batch runs at a time: the KV cache leaves only
+        device.KV_HEADROOM_BYTES free."""
         codes = [self.codes_for_codec(t) for t in tokens]
         audio: list[np.ndarray | None] = [None] * len(codes)
-        groups: dict[int, list[int]] = {}
+        groups: dict[tuple[int, int], list[int]] = {}  # (codec length, row when alone) -> rows
         for i, c in enumerate(codes):
             if len(c) == 0:
                 audio[i] = np.zeros(0, dtype=np.float32)
             else:
-                groups.setdefault(len(c) if batched else -1 - i, []).append(i)
+                groups.setdefault((len(c), -1 if batched else i), []).append(i)
         with self._codec_stream():
-            for length, members in groups.items():
-                rows = max(1, CODEC_BATCH_FRAMES // max(length, 1))
+            for (length, _), members in groups.items():
+                rows = max(1, CODEC_BATCH_FRAMES // length)
                 for start in range(0, len(members), rows):
                     chunk = members[start: start + rows]
                     codes_gpu = torch.from_numpy(np.stack([codes[i].T for i in chunk]))  # [B, C, T']

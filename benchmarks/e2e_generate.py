@@ -4,7 +4,10 @@ Writes a random-weight checkpoint in the real transformers format (the 3B LM,
 5.38 B parameters in bf16, and the released tokenizer's codec shape; the
 text tokenizer and special-token ids are the tiny test checkpoint's, which is
 all a speed run needs), then runs the real command line on prompt files of
-N rows at --max-batch-size B, every row generating exactly --frames frames:
+N rows at --max-batch-size B, every row generating exactly --frames frames
+(with --vary V, each row its own length in frames +- V, so rows finish at
+different steps and reach the codec with different lengths, as with real
+stops):
   omni generate prompts.jsonl -o OUT --model cfg.yaml --max-batch-size B ...
 Reported per run: seconds from the command to the first wav on disk (load,
 graph capture, the first rows' decode and codec), the whole command's wall
@@ -23,6 +26,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import random
 import shutil
 import subprocess
 import sys
@@ -59,14 +63,20 @@ def write_checkpoint(root: Path) -> None:
     torch.cuda.empty_cache()
 
 
-def run(root: Path, rows: int, batch: int, frames: int, async_decode: bool) -> dict:
+def run(root: Path, rows: int, batch: int, frames: int, async_decode: bool, vary: int = 0) -> dict:
     cfg = root / "model.yaml"
     cfg.write_text(f"family: higgs_audio_v2\ncheckpoint: {root / 'model'}\ncodec: {root / 'codec'}\n"
                    "dtype: bfloat16\ndevice: auto\nmax_seq_len: 512\n")
-    prompts = root / f"prompts-{rows}.jsonl"
-    prompts.write_text("".join(json.dumps({"id": f"r{i}", "text": f"Row number {i}: a sentence to speak aloud."})
-                               + "\n" for i in range(rows)))
-    out = root / f"out-{rows}-{batch}-{int(async_decode)}"
+    prompts = root / f"prompts-{rows}-{vary}.jsonl"
+    rng = random.Random(rows)
+    lines = []
+    for i in range(rows):
+        row = {"id": f"r{i}", "text": f"Row number {i}: a sentence to speak aloud."}
+        if vary:  # this row's own length: rows finish at different steps, with different codec shapes
+            row["max_new_frames"] = row["min_new_frames"] = rng.randint(frames - vary, frames + vary)
+        lines.append(json.dumps(row) + "\n")
+    prompts.write_text("".join(lines))
+    out = root / f"out-{rows}-{batch}-{int(async_decode)}-{vary}"
     cmd = [sys.executable, "-m", "omni_cli", "generate", str(prompts), "-o", str(out), "--model", str(cfg), "-q",
            "--max-batch-size", str(batch), "--max-new-frames", str(frames), "--min-new-frames", str(frames),
            "--seed", "1", "--async-decode" if async_decode else "--no-async-decode"]
@@ -83,7 +93,7 @@ def run(root: Path, rows: int, batch: int, frames: int, async_decode: bool) -> d
         raise SystemExit(f"omni generate failed ({proc.returncode}): {' '.join(cmd)}")
     info = json.loads((out / "run.json").read_text())
     audio, gen = info["totals"]["audio_s"], info["timings"]["generate_s"]
-    return {"rows": rows, "max_batch_size": batch, "async_decode": async_decode, "frames": frames,
+    return {"rows": rows, "max_batch_size": batch, "async_decode": async_decode, "frames": frames, "vary": vary,
             "first_wav_s": first, "wall_s": wall, "load_s": info["timings"]["load_s"], "generate_s": gen,
             "audio_s": audio, "audio_s_per_s_generate": audio / gen, "audio_s_per_s_wall": audio / wall,
             **{k: info["timings"][k] for k in ("loop_s", "prefill_s", "write_tail_s")},
@@ -95,6 +105,8 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--runs", nargs="+", default=["1:4", "64:64", "256:256"], help="BATCH:ROWS")
     ap.add_argument("--frames", type=int, default=200)
+    ap.add_argument("--vary", type=int, default=0,
+                    help="each row makes frames +- up to this many (uniform, seeded), not exactly frames")
     ap.add_argument("--out", type=Path, default=Path("e2e_generate.json"))
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
@@ -105,7 +117,7 @@ def main() -> None:
         results = []
         for spec in args.runs:
             batch, rows = (int(x) for x in spec.split(":"))
-            results.append(run(root, rows, batch, args.frames, True))
+            results.append(run(root, rows, batch, args.frames, True, args.vary))
     print(f"{'batch':>5} {'rows':>5} {'first wav s':>12} {'wall s':>7} {'load s':>7} {'audio s':>8} "
           f"{'aud-s/s gen':>12} {'aud-s/s wall':>13} {'loop s':>7} {'prefill s':>9} {'tail s':>7}")
     for r in results:

@@ -1,9 +1,13 @@
 """Offline scheduler with continuous batching. Pure Python: never touches the device.
 
 Each step it hands the runner either a prefill batch (newly admitted prompts)
-or a decode batch (one frame for every running request). Admission happens
-whenever KV slots are free, so requests of very different lengths share the
-batch over time and new ones join mid-flight.
+or a decode batch (one frame for every running request). Requests of very
+different lengths share the batch over time and new ones join mid-flight.
+Admission waits until an eighth of the slots are free (or the rest of the
+queue fits, or nothing else can run): a prefill stops every running request
+for its length, and it costs about the same for one prompt as for dozens
+(eager, host-bound: on the H200 machine at the 3B shape, 256 rows through 64
+slots spent 10.7 of 15.1 s in 192 one-prompt refills).
 
 KV memory is a fixed pool of ``max_batch_size`` slots of ``max_seq_len``
 tokens each (the runner allocates it once). A request holds one slot from its
@@ -91,6 +95,7 @@ class Scheduler:
         # bounds the activation memory of one prefill; a longer prompt runs alone
         self.max_prefill_tokens = max_prefill_tokens or max(max_seq_len, 4096)
         self.slots = SlotPool(max_batch_size)
+        self.refill = max(1, max_batch_size // 8)  # free slots that make a prefill worth its stall
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
 
@@ -108,7 +113,7 @@ class Scheduler:
         return bool(self.waiting or self.running)
 
     def schedule(self) -> SchedulerOutput | None:
-        """Prefill new requests while slots are free, else decode the running ones.
+        """Prefill new requests when enough slots are free, else decode the running ones.
 
         A running request whose frames up to max_new_frames are all scheduled
         is left out: it only waits for its last step to be resolved. None when
@@ -116,7 +121,10 @@ class Scheduler:
         """
         admitted: list[Request] = []
         tokens = 0
-        while self.waiting and self.slots.num_free > 0:
+        ready = [r for r in self.running if r.num_scheduled < r.params.max_new_frames]
+        free = self.slots.num_free
+        admit = free > 0 and (free >= min(self.refill, len(self.waiting)) or not ready)
+        while admit and self.waiting and self.slots.num_free > 0:
             nxt = self.waiting[0]
             if admitted and tokens + len(nxt.prompt_ids) > self.max_prefill_tokens:
                 break
@@ -128,7 +136,6 @@ class Scheduler:
         if admitted:
             self.running.extend(admitted)
             return self._output(True, admitted)
-        ready = [r for r in self.running if r.num_scheduled < r.params.max_new_frames]
         return self._output(False, ready) if ready else None
 
     @staticmethod

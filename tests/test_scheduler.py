@@ -93,3 +93,19 @@ def test_finish_requires_running():
     sched.schedule()
     sched.finish(r, "stop")
     assert r.status is Status.FINISHED and r.slot is None
+
+
+def test_admission_waits_for_an_eighth_of_the_slots():
+    """With 16 slots a prefill waits for 2 free slots while others can decode; the queue's
+    tail (fewer rows than that) and a batch with nothing left to decode are admitted at once."""
+    sched = Scheduler(max_batch_size=16, max_seq_len=100)
+    lengths = {f"r{i}": 5 + i for i in range(16)}  # one finishes per step after the 5th
+    lengths.update({"r16": 30, "r17": 30, "r18": 30})
+    for i in range(19):
+        sched.add(_req(i, 4, 40))
+    trace = _simulate(sched, lengths)
+    prefills = [rids for is_prefill, rids in trace if is_prefill]
+    assert prefills == [[f"r{i}" for i in range(16)], ["r16", "r17"], ["r18"]]
+    first_refill = next(i for i, (p, rids) in enumerate(trace) if p and rids == ["r16", "r17"])
+    # r0 finished at step 5 and r1 at step 6: the refill comes after the second, not the first
+    assert [rids for _, rids in trace[5:first_refill]] == [[f"r{i}" for i in range(1, 16)]]

@@ -96,7 +96,7 @@ def run(root: Path, rows: int, batch: int, frames: int, async_decode: bool, vary
     return {"rows": rows, "max_batch_size": batch, "async_decode": async_decode, "frames": frames, "vary": vary,
             "first_wav_s": first, "wall_s": wall, "load_s": info["timings"]["load_s"], "generate_s": gen,
             "audio_s": audio, "audio_s_per_s_generate": audio / gen, "audio_s_per_s_wall": audio / wall,
-            **{k: info["timings"][k] for k in ("loop_s", "prefill_s", "write_tail_s")},
+            **{k: info["timings"][k] for k in ("loop_s", "prefill_s", "prefill_steps", "write_tail_s")},
             "step_ms": info["timings"]["step_ms"],
             "query_hits": info["async_decode"]["query_hits"], "query_misses": info["async_decode"]["query_misses"]}
 
@@ -119,11 +119,11 @@ def main() -> None:
             batch, rows = (int(x) for x in spec.split(":"))
             results.append(run(root, rows, batch, args.frames, True, args.vary))
     print(f"{'batch':>5} {'rows':>5} {'first wav s':>12} {'wall s':>7} {'load s':>7} {'audio s':>8} "
-          f"{'aud-s/s gen':>12} {'aud-s/s wall':>13} {'loop s':>7} {'prefill s':>9} {'tail s':>7}")
+          f"{'aud-s/s gen':>12} {'aud-s/s wall':>13} {'loop s':>7} {'prefill s':>9} {'prefills':>8} {'tail s':>7}")
     for r in results:
         print(f"{r['max_batch_size']:>5} {r['rows']:>5} {r['first_wav_s'] or float('nan'):>12.1f} {r['wall_s']:>7.1f} "
               f"{r['load_s']:>7.1f} {r['audio_s']:>8.1f} {r['audio_s_per_s_generate']:>12.1f} "
-              f"{r['audio_s_per_s_wall']:>13.1f} {r['loop_s']:>7.2f} {r['prefill_s']:>9.2f} {r['write_tail_s']:>7.2f}")
+              f"{r['audio_s_per_s_wall']:>13.1f} {r['loop_s']:>7.2f} {r['prefill_s']:>9.2f} {r['prefill_steps']:>8} {r['write_tail_s']:>7.2f}")
     args.out.write_text(json.dumps({"device": torch.cuda.get_device_name(), "torch": torch.__version__,
                                     "runs": results}, indent=2))
 

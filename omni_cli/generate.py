@@ -230,6 +230,7 @@ def run_generate(opts: GenerateOptions) -> RunSummary:
                     # the loop (prefill + decode, files written beside it), then the writers' tail
                     "loop_s": round(t_decoded - t_loop, 3),
                     "prefill_s": round(sum(stats.prefill_ms) / 1e3, 3) if stats else None,
+                    "prefill_steps": len(stats.prefill_ms) if stats else None,
                     "write_tail_s": round(t_written - t_decoded, 3),
                     "step_ms": stats.percentiles() if stats else {}},
         "async_decode": {"enabled": config.async_decode, "query_hits": runner.async_query_hit,

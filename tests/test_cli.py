@@ -68,7 +68,7 @@ def test_flac_and_stdin(tmp_path):
     assert run["totals"]["ok"] == 1 and run["totals"]["frames"] == row["frames"] == 20
     assert {"torch", "transformers", "omni_cli"} <= set(run["versions"])
     t = run["timings"]
-    assert 0 <= t["prefill_s"] <= t["loop_s"] and t["write_tail_s"] >= 0
+    assert 0 <= t["prefill_s"] <= t["loop_s"] and t["write_tail_s"] >= 0 and t["prefill_steps"] == 1
     assert t["loop_s"] + t["write_tail_s"] <= t["generate_s"]
     z = np.load(out / "logprobs/s1.npz")
     assert z["tokens"].shape == z["logprobs"].shape == z["mask"].shape == (20, 8)

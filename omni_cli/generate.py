@@ -173,14 +173,19 @@ def run_generate(opts: GenerateOptions) -> RunSummary:
                 ok += 1
             progress.row_done(record["duration_s"], ok=True)
 
-        def decode_and_write(reqs: list[Request]) -> None:  # on the codec thread
+        def decode_and_write() -> None:  # on the codec thread: every row finished so far
+            with backlog_lock:
+                reqs = backlog[:]
+                backlog.clear()
+            if not reqs:
+                return  # an earlier call took them
             tokens = [np.stack(r.frames) for r in reqs]  # [frames, codebooks], as sampled
             for req, toks, wave in zip(reqs, tokens, decode_rows(runner, tokens, batch_codec)):
                 pending.append(writers.submit(write, req, toks, wave))
 
-        # The audio of the rows that finish in a step is decoded on one codec
-        # thread (batched, except in deterministic mode), on its own CUDA stream,
-        # and their files are written by a pool. One codec thread: cuDNN sets up
+        # The audio of finished rows is decoded on one codec thread (batched on
+        # CUDA, except in deterministic mode), on its own CUDA stream, and their
+        # files are written by a pool. One codec thread: cuDNN sets up
         # per thread and per input shape (on the H200 machine, 1.5 s for the first
         # call, 60-350 ms for each new shape), and Python launches the codec's
         # kernels under the GIL anyway, so more codec threads add set-up, not speed.
@@ -189,9 +194,15 @@ def run_generate(opts: GenerateOptions) -> RunSummary:
         codec_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="omni-codec")
         writers = ThreadPoolExecutor(max_workers=WRITER_THREADS, thread_name_prefix="omni-writer")
         pending = []  # futures, appended by this thread and the codec thread
+        # rows wait here until the codec thread takes them all at once: when it
+        # falls behind, its calls get bigger instead of its queue longer
+        backlog: list[Request] = []
+        backlog_lock = threading.Lock()
 
         def finished(reqs: list[Request]) -> None:
-            pending.append(codec_thread.submit(decode_and_write, reqs))
+            with backlog_lock:
+                backlog.extend(reqs)
+            pending.append(codec_thread.submit(decode_and_write))
 
         def stepped(rows: int, loop_stats) -> None:
             progress.step(rows, runner.async_query_hit, runner.async_query_miss, loop_stats.sync_routed)

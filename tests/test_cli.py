@@ -111,7 +111,7 @@ def test_pcm16_matches_libsndfile():
 
 
 def _codec_calls(monkeypatch, fail=lambda batch, call: False):
-    """Record (batch size, raised) of every codec decode (writer threads call it at once);
+    """Record (codes shape, raised) of every codec decode (writer threads call it at once);
     raise a RuntimeError where fail(batch, call number) says."""
     import threading
 
@@ -119,13 +119,13 @@ def _codec_calls(monkeypatch, fail=lambda batch, call: False):
 
     real, calls, lock = HiggsCodecDecoder.decode, [], threading.Lock()
 
-    def decode(self, codes):
+    def decode(self, codes, lengths=None):
         with lock:
             raised = fail(codes.shape[0], len(calls) + 1)
-            calls.append((codes.shape[0], raised))
+            calls.append((tuple(codes.shape), raised))
         if raised:
             raise RuntimeError("CUDA out of memory (test)")
-        return real(self, codes)
+        return real(self, codes, lengths)
 
     monkeypatch.setattr(HiggsCodecDecoder, "decode", decode)
     return calls
@@ -149,19 +149,23 @@ def _frames(rng, n: int) -> np.ndarray:
     return t
 
 
-def test_batched_codec_groups_equal_lengths_and_sounds_as_if_alone(monkeypatch):
-    """Rows of one codec length share a call (at most CODEC_BATCH_FRAMES frames); each row's
-    audio is its own, as decoded alone, to within a batched conv's rounding."""
+def test_batched_codec_pads_rows_to_shared_shapes_and_sounds_as_if_alone(monkeypatch):
+    """Rows of different lengths share calls of a bucketed length and a power-of-two batch
+    (at most CODEC_BATCH_FRAMES frames); each row's audio is its own, as decoded alone,
+    to within a conv's rounding: the padding is masked."""
     import runners.higgs_audio_v2.runner as higgs_runner
     from omni_cli.output import pcm16
 
     runner = _tiny_runner()
     rng = np.random.default_rng(0)
-    tokens = [_frames(rng, n) for n in (40, 30, 40, 40, 30, 40, 9)]  # 9 frames: no audio at all
-    monkeypatch.setattr(higgs_runner, "CODEC_BATCH_FRAMES", 3 * 31)  # 3 rows of 40 frames (31 codec frames)
+    lengths = (40, 30, 40, 40, 30, 40, 60, 9)  # codec frames: 31, 21, ..., 51; 9 frames: no audio at all
+    tokens = [_frames(rng, n) for n in lengths]
+    monkeypatch.setattr(higgs_runner, "CODEC_LENGTH_BUCKET", 32)
+    monkeypatch.setattr(higgs_runner, "CODEC_BATCH_FRAMES", 4 * 32)
     calls = _codec_calls(monkeypatch)
     batched = runner.decode_audio(tokens, batched=True)
-    assert sorted(b for b, _ in calls) == [1, 2, 3]  # four 40-frame rows: 3 + 1; two 30-frame rows: 2
+    # bucket 32: six rows in calls of 4 and 2; bucket 64: one row (a call of 128 frames holds 2, batch 1)
+    assert sorted(calls) == [((1, 8, 64), False), ((2, 8, 32), False), ((4, 8, 32), False)]
     alone = [runner.decode_audio([t], batched=False)[0] for t in tokens]
     assert len(batched[-1]) == 0 == len(alone[-1])
     for got, want in zip(batched[:-1], alone[:-1]):
@@ -179,7 +183,7 @@ def test_a_codec_batch_that_fails_is_retried_row_by_row(monkeypatch):
     # every batch fails, and so does every third single-row call: only those rows are lost
     calls = _codec_calls(monkeypatch, fail=lambda batch, call: batch > 1 or call % 3 == 0)
     got = decode_rows(runner, tokens, batched=True)
-    assert calls[0] == (6, True) and [b for b, _ in calls[1:]] == [1] * 6
+    assert calls[0][0][0] == 8 and calls[0][1] and [shape[0] for shape, _ in calls[1:]] == [1] * 6
     for (b, raised), g, w in zip(calls[1:], got, want):
         if raised:
             assert isinstance(g, RuntimeError) and "out of memory" in str(g)

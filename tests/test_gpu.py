@@ -81,8 +81,8 @@ def test_fused_draw_matches_the_pytorch_draw_on_cuda():
 
 
 def test_default_mode_batches_the_codec_within_bf16_rounding(tmp_path):
-    """Rows that finish together share codec calls on CUDA: each row's audio stays within
-    bf16's own rounding (our bf16 decode against float32) of the row decoded alone."""
+    """Rows that finish together share a padded, masked codec call on CUDA: each row's audio
+    stays within bf16's own rounding (our bf16 decode against float32) of the row decoded alone."""
     import numpy as np
     import soundfile as sf
     import torch
@@ -96,7 +96,8 @@ def test_default_mode_batches_the_codec_within_bf16_rounding(tmp_path):
     cfg.write_text(cfg.read_text().replace("dtype: float32", "dtype: bfloat16").replace("device: cpu", "device: cuda"))
     calls = []
     real = HiggsCodecDecoder.decode
-    HiggsCodecDecoder.decode = lambda self, codes: (calls.append(codes.shape[0]), real(self, codes))[1]
+    HiggsCodecDecoder.decode = lambda self, codes, lengths=None: (calls.append(codes.shape[0]),
+                                                                  real(self, codes, lengths))[1]
     try:
         out = _gen(tmp_path, "d", cfg, [{"id": f"r{i}", "text": t} for i, t in enumerate(TEXTS)], "--seed", "2",
                    "--min-new-frames", "60", "--max-batch-size", "8")

@@ -31,6 +31,8 @@ from runners.higgs_audio_v2.config import HiggsConfig
 # codec frames per batched decode call: ~1.4 GiB of activations at the 3B codec
 # in bf16 (~340 KB a frame, measured by benchmarks/codec_decode.py)
 CODEC_BATCH_FRAMES = 4096
+# batched rows are padded to a multiple of this many codec frames (2.56 s)
+CODEC_LENGTH_BUCKET = 64
 
 
 class HiggsRunner(ModelRunner):
@@ -182,30 +184,40 @@ class HiggsRunner(ModelRunner):
 
         Runs on the caller's thread (omni generate's codec thread); on CUDA on
         a stream of that thread's own, so the decode loop's stream never waits
-        for it. ``batched``: requests whose codec input has the same length go
-        through the codec as one batch (the default mode on CUDA; a batched
-        conv rounds differently from a lone one, so a row's last bits then
-        depend on which rows finished with it, as its tokens already do
-        there). Otherwise every request goes alone, which deterministic mode
-        needs. A batch holds at most CODEC_BATCH_FRAMES codec frames, and one
-        batch runs at a time: the KV cache leaves only
-        device.KV_HEADROOM_BYTES free."""
+        for it. ``batched`` (the default mode on CUDA): rows go through the
+        codec together, padded to a length bucket of CODEC_LENGTH_BUCKET codec
+        frames and a power-of-two batch, with the padding masked (codec.decode
+        with lengths), so that a few shapes serve every length; a row's audio
+        then equals the row decoded alone up to rounding. Otherwise each row
+        goes alone at its own length, which deterministic mode needs (its
+        bytes must not depend on which rows finished with it). A call holds at
+        most CODEC_BATCH_FRAMES codec frames, and one batch runs at a time:
+        the KV cache leaves only device.KV_HEADROOM_BYTES free."""
         codes = [self.codes_for_codec(t) for t in tokens]
-        audio: list[np.ndarray | None] = [None] * len(codes)
-        groups: dict[tuple[int, int], list[int]] = {}  # (codec length, row when alone) -> rows
-        for i, c in enumerate(codes):
-            if len(c) == 0:
-                audio[i] = np.zeros(0, dtype=np.float32)
-            else:
-                groups.setdefault((len(c), -1 if batched else i), []).append(i)
+        audio = [np.zeros(0, dtype=np.float32) if len(c) == 0 else None for c in codes]
+        todo = [i for i, c in enumerate(codes) if len(c)]
         with self._codec_stream():
-            for (length, _), members in groups.items():
+            if not batched:
+                for i in todo:
+                    codes_gpu = torch.from_numpy(codes[i].T.copy())[None].to(self.device)  # [1, C, T']
+                    audio[i] = self.codec.decode(codes_gpu)[0].cpu().numpy()  # waits for this stream only
+                return audio
+            buckets: dict[int, list[int]] = {}
+            for i in todo:
+                buckets.setdefault(-(-len(codes[i]) // CODEC_LENGTH_BUCKET) * CODEC_LENGTH_BUCKET, []).append(i)
+            for length, members in buckets.items():
                 rows = max(1, CODEC_BATCH_FRAMES // length)
                 for start in range(0, len(members), rows):
                     chunk = members[start: start + rows]
-                    codes_gpu = torch.from_numpy(np.stack([codes[i].T for i in chunk]))  # [B, C, T']
-                    with self._codec_lock if len(chunk) > 1 else contextlib.nullcontext():
-                        wave = self.codec.decode(codes_gpu.to(self.device)).cpu().numpy()  # waits for this stream
+                    batch = min(1 << (len(chunk) - 1).bit_length(), rows)
+                    padded = np.zeros((batch, self.num_streams, length), dtype=np.int64)  # [B, C, T bucket]
+                    lengths = np.zeros(batch, dtype=np.int64)  # padding rows: length 0, all masked
                     for j, i in enumerate(chunk):
-                        audio[i] = wave[j]
+                        padded[j, :, : len(codes[i])] = codes[i].T
+                        lengths[j] = len(codes[i])
+                    with self._codec_lock:
+                        wave = self.codec.decode(torch.from_numpy(padded).to(self.device),
+                                                 torch.from_numpy(lengths).to(self.device)).cpu().numpy()
+                    for j, i in enumerate(chunk):
+                        audio[i] = wave[j, : lengths[j] * self.hop_length]
         return audio

@@ -48,10 +48,7 @@ def _analyse(trace: dict, top: int) -> dict:
         if t > s:
             busy += t - s
             cursor = t
-    launches = {}  # one graph launch per step: count them by correlation
-    for e in in_graph:
-        launches[e["args"]["correlation"]] = True
-    steps = len(launches)
+    steps = len({e["args"]["correlation"] for e in in_graph})  # one graph launch per step
     by_name: dict[tuple[bool, str], list[float]] = defaultdict(lambda: [0.0, 0])
     for e in window:
         key = (e["args"].get("correlation") in graph_corr, e["name"][:80])

@@ -7,7 +7,7 @@ Admission waits until an eighth of the slots are free (or the rest of the
 queue fits, or nothing else can run): a prefill stops every running request
 for its length, and it costs about the same for one prompt as for dozens
 (eager, host-bound: on the H200 machine at the 3B shape, 256 rows through 64
-slots spent 10.7 of 15.1 s in 192 one-prompt refills).
+slots spent 10.7 of 15.1 s in its one-prompt refills).
 
 KV memory is a fixed pool of ``max_batch_size`` slots of ``max_seq_len``
 tokens each (the runner allocates it once). A request holds one slot from its

@@ -136,10 +136,13 @@ class HiggsCodecDecoder(nn.Module):
         DacResidualUnit), zeroing each row past its length wherever a conv with
         a receptive field wider than one step reads the signal."""
         dec = self.acoustic_decoder
+        keeps: dict[int, torch.Tensor] = {}  # rate -> [B, 1, T * rate], built once per rate
 
         def valid(h: torch.Tensor, rate: int) -> torch.Tensor:  # h [B, C, L] with L = T * rate
-            keep = torch.arange(h.shape[-1], device=h.device)[None, :] < (lengths * rate)[:, None]
-            return h * keep[:, None, :].to(h.dtype)
+            if rate not in keeps:
+                keep = torch.arange(h.shape[-1], device=h.device)[None, :] < (lengths * rate)[:, None]
+                keeps[rate] = keep[:, None, :].to(h.dtype)
+            return h * keeps[rate]
 
         rate = 1
         h = valid(dec.conv1(valid(latent, rate)), rate)

@@ -96,6 +96,23 @@ class AttentionContext:
             values = vc[:, :, : self.kv_len][self.slots_gpu]
         return self._sdpa(q, keys, values)
 
+    def attend_cached_causal(self, layer: int, q: torch.Tensor) -> torch.Tensor:
+        """Prefill attention over keys already in the cache (the fused path wrote them):
+        q [B, H, T, D] -> [B, H, T, D].
+
+        Causal alone is exact for right-padded rows: a real query at t < len
+        sees keys <= t, never the padding; padding queries see garbage, but
+        their outputs are never read and their KV positions are rewritten
+        before any query can see them (see the module docstring). Without a
+        mask SDPA can take its flash kernel."""
+        t = q.shape[2]
+        keys = self.kv.k_gpu[layer][self.slots_gpu, :, :t]  # [B, KVH, T, D], a copy
+        values = self.kv.v_gpu[layer][self.slots_gpu, :, :t]
+        rep = q.shape[1] // keys.shape[1]  # query head h reads KV head h // rep, as repeat_kv
+        keys, values = keys.repeat_interleave(rep, dim=1), values.repeat_interleave(rep, dim=1)
+        with sdpa_kernel(_BACKENDS):
+            return F.scaled_dot_product_attention(q, keys, values, is_causal=True)
+
     def _fold_gqa(self, q: torch.Tensor, kvh: int) -> tuple[torch.Tensor, torch.Tensor]:
         """q [B, H, T, D] -> [B, KVH, rep * T, D] and the mask expanded to match."""
         b, h, t, d = q.shape

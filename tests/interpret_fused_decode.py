@@ -3,9 +3,11 @@
 Run as a subprocess by tests/test_decode_attention.py with TRITON_INTERPRET=1.
 One random model (head_dim 16: tl.dot needs 16), copied: the copy runs decode
 through fused QKV / gate-up GEMMs, add_rmsnorm, rope_kv_write, silu_mul and
-the decode-attention kernel; the original through the plain modules with
-PyTorch attention. Three rows of different lengths, prefill then decode steps
-through the padded (uncaptured) graph path; logits must agree in float32.
+the decode-attention kernel (prefill: causal SDPA over the keys the fused
+path wrote to the cache); the original through the plain modules with
+PyTorch attention. Three rows of different lengths, one with audio-position
+tokens among its text (the dual FFN routes per token), prefill then decode
+steps through the padded (uncaptured) graph path; logits must agree in float32.
 Also the codec's fused Snake activation against transformers' Snake1d.
 """
 
@@ -54,6 +56,8 @@ def main() -> int:
     lens, slots = [5, 9, 3], torch.tensor([2, 0, 3])
     t = max(lens)
     ids = torch.randint(0, cfg.audio_bos_token_id - 16, (3, t), generator=g)
+    # row b mixes in audio-position tokens: its norms and MLPs route per token (TokenSplit)
+    ids[1, 2], ids[1, 5:7] = cfg.audio_token_id, cfg.audio_delay_token_id
     worst = 0.0
     for step in range(7):
         if step == 0:

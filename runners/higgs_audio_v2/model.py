@@ -9,11 +9,18 @@ rows, offset per codebook); the head ``audio_lm_head`` predicts 8 x codebook_siz
 Parameter names equal transformers' HiggsAudioV2ForConditionalGeneration
 state-dict keys, so its safetensors load as they are.
 
-On CUDA with Triton, decode runs a fused path (``_decode_fused``): q/k/v and
-gate/up are one GEMM each (the modules' weights become views of one fused
-tensor, so no memory is added), and norms, rotary embedding with the KV
-write, and silu-times-up are single kernels (runners/fused_ops.py). Prefill
-and the CPU always run the plain modules.
+On CUDA with Triton, decode and (outside deterministic mode) prefill run a
+fused path (``_decode_fused``, ``_prefill_fused``): q/k/v and gate/up are one
+GEMM each (the modules' weights become views of one fused tensor, so no
+memory is added), and norms, rotary embedding with the KV write, and
+silu-times-up are single kernels (runners/fused_ops.py). The CPU and
+deterministic prefill run the plain modules.
+
+Prefill routes each token to its layer's text or audio norms and MLP by
+index lists that are read to the host once per forward (``TokenSplit``): a
+per-layer boolean index would sync with the device twice a layer, which made
+an eager 3B prefill host-bound at ~90 ms whatever its size (measured on an
+H200).
 """
 
 from __future__ import annotations
@@ -26,6 +33,42 @@ import torch.nn.functional as F
 
 from runners.attention import AttentionContext
 from runners.higgs_audio_v2.config import HiggsConfig
+
+
+class TokenSplit:
+    """Which flattened prefill tokens take a layer's text path and which its audio path.
+
+    Built from the audio mask [B, T] with one host sync; ``route`` then runs a
+    per-token function on each subset through index_select/index_copy, which
+    never sync. Without audio tokens (a plain TTS prompt), or in decode where
+    every token is audio, the whole batch takes one path with no indexing."""
+
+    def __init__(self, audio_mask: torch.Tensor | None):
+        self.text_gpu = self.audio_gpu = None  # flat token indices [n]; None when that path is empty
+        self.all_audio = audio_mask is None  # decode: every position is an audio frame
+        if audio_mask is None:
+            return
+        flat_cpu = audio_mask.reshape(-1).cpu()  # the forward's one host sync
+        self.all_audio = bool(flat_cpu.all())
+        if not self.all_audio and bool(flat_cpu.any()):
+            dev = audio_mask.device
+            self.text_gpu = (~flat_cpu).nonzero()[:, 0].to(dev, non_blocking=True)
+            self.audio_gpu = flat_cpu.nonzero()[:, 0].to(dev, non_blocking=True)
+
+    def route(self, text_fn, audio_fn, *inputs):
+        """inputs [N, ...] (None passes through) -> the outputs of text_fn / audio_fn per token,
+        each [N, ...]; the functions take and return tuples and act on every token alone."""
+        if self.text_gpu is None:
+            return (audio_fn if self.all_audio else text_fn)(*inputs)
+        pick = lambda idx: [None if x is None else x.index_select(0, idx) for x in inputs]  # noqa: E731
+        text_out, audio_out = text_fn(*pick(self.text_gpu)), audio_fn(*pick(self.audio_gpu))
+        outs = []
+        for t, a in zip(text_out, audio_out):
+            out = t.new_empty((inputs[0].shape[0], *t.shape[1:]))
+            out.index_copy_(0, self.text_gpu, t)
+            out.index_copy_(0, self.audio_gpu, a)
+            outs.append(out)
+        return tuple(outs)
 
 
 class RMSNorm(nn.Module):
@@ -141,6 +184,18 @@ class Attention(nn.Module):
         out = decode_attention(q, kc, vc, ctx.slots_gpu, ctx.lengths_gpu)  # [B, H, 1, D]
         return self.o_proj(out.reshape(x.shape[0], -1))
 
+    def prefill_fused(self, x: torch.Tensor, rope_cos: torch.Tensor, rope_sin: torch.Tensor,
+                      positions: torch.Tensor, slots: torch.Tensor, ctx: AttentionContext, b: int) -> torch.Tensor:
+        """x [B * T, hidden] (row-major tokens); positions, slots [B * T] -> [B * T, hidden]."""
+        from runners.fused_ops import rope_kv_write
+
+        kc, vc = ctx.kv.k_gpu[self.layer], ctx.kv.v_gpu[self.layer]
+        qkv = F.linear(x, self.qkv_weight, self.qkv_bias)
+        q = rope_kv_write(qkv, rope_cos, rope_sin, positions, slots, kc, vc, self.n_heads, self.n_kv)
+        q = q.reshape(b, -1, self.n_heads, self.head_dim).transpose(1, 2)  # [B, H, T, D]
+        out = ctx.attend_cached_causal(self.layer, q)  # [B, H, T, D]
+        return self.o_proj(out.transpose(1, 2).reshape(x.shape[0], -1))
+
 
 class DecoderLayer(nn.Module):
     def __init__(self, cfg: HiggsConfig, layer: int):
@@ -154,23 +209,15 @@ class DecoderLayer(nn.Module):
         self.audio_input_layernorm = RMSNorm(cfg.hidden_size, eps)
         self.audio_post_attention_layernorm = RMSNorm(cfg.hidden_size, eps)
 
-    def forward(self, x, cos, sin, ctx, audio_mask: torch.Tensor | None) -> torch.Tensor:
-        # audio_mask None: every position is audio (decode). Else [B, T] bool (prefill).
-        if audio_mask is None:
-            h = self.audio_input_layernorm(x)
-        else:
-            m = audio_mask[..., None]
-            h = torch.where(m, self.audio_input_layernorm(x), self.input_layernorm(x))  # norms are per token
-        x = x + self.self_attn(h, cos, sin, ctx)
-        if audio_mask is None:
-            return x + self.audio_mlp(self.audio_post_attention_layernorm(x))
-        # MLPs on their own subsets, as the reference does (prefill only: the
-        # boolean indexing syncs with the host)
-        out = x.clone()
-        text = ~audio_mask
-        out[text] = x[text] + self.mlp(self.post_attention_layernorm(x[text]))
-        out[audio_mask] = x[audio_mask] + self.audio_mlp(self.audio_post_attention_layernorm(x[audio_mask]))
-        return out
+    def forward(self, x, cos, sin, ctx, split: TokenSplit) -> torch.Tensor:
+        """x [B, T, hidden]; each token takes the text or the audio norms and MLP (``split``)."""
+        b, t, n = x.shape
+        flat = x.reshape(b * t, n)
+        h = split.route(lambda y: (self.input_layernorm(y),), lambda y: (self.audio_input_layernorm(y),), flat)[0]
+        flat = flat + self.self_attn(h.view(b, t, n), cos, sin, ctx).reshape(b * t, n)
+        delta = split.route(lambda y: (self.mlp(self.post_attention_layernorm(y)),),
+                            lambda y: (self.audio_mlp(self.audio_post_attention_layernorm(y)),), flat)[0]
+        return (flat + delta).view(b, t, n)
 
     def decode_fused(self, x, delta, rope_cos, rope_sin, ctx) -> tuple[torch.Tensor, torch.Tensor]:
         """The audio path of one decode token per row, x [B, hidden]. The residual
@@ -182,6 +229,22 @@ class DecoderLayer(nn.Module):
         x, h = add_rmsnorm(x, delta, n1.weight, n1.eps)
         x, h = add_rmsnorm(x, self.self_attn.decode_fused(h, rope_cos, rope_sin, ctx), n2.weight, n2.eps)
         return x, self.audio_mlp.forward_fused(h)
+
+    def prefill_fused(self, x, delta, rope_cos, rope_sin, positions, slots, ctx, split: TokenSplit, b: int):
+        """decode_fused's prefill twin over flattened tokens x [B * T, hidden], each token
+        on its text or audio norms and MLP."""
+        from runners.fused_ops import add_rmsnorm
+
+        def norm(pair):
+            text_norm, audio_norm = pair
+            return (lambda y, d: add_rmsnorm(y, d, text_norm.weight, text_norm.eps),
+                    lambda y, d: add_rmsnorm(y, d, audio_norm.weight, audio_norm.eps))
+
+        x, h = split.route(*norm((self.input_layernorm, self.audio_input_layernorm)), x, delta)
+        attn = self.self_attn.prefill_fused(h, rope_cos, rope_sin, positions, slots, ctx, b)
+        x, h = split.route(*norm((self.post_attention_layernorm, self.audio_post_attention_layernorm)), x, attn)
+        delta = split.route(lambda y: (self.mlp.forward_fused(y),), lambda y: (self.audio_mlp.forward_fused(y),), h)[0]
+        return x, delta
 
 
 class AudioEmbeddings(nn.Module):
@@ -233,6 +296,7 @@ class HiggsAudioV2LM(nn.Module):
             # last: the fused weights are shared storage, which a later .to() would copy apart
             for layer in self.model.layers:
                 layer.self_attn.fuse()
+                layer.mlp.fuse()
                 layer.audio_mlp.fuse()
             self.fused = True
         return self.eval()
@@ -243,17 +307,34 @@ class HiggsAudioV2LM(nn.Module):
         cfg = self.cfg
         if input_ids is not None:
             x = self.model.embed_tokens(input_ids)
-            audio_mask = (input_ids == cfg.audio_token_id) | (input_ids == cfg.audio_delay_token_id)
+            split = TokenSplit((input_ids == cfg.audio_token_id) | (input_ids == cfg.audio_delay_token_id))
+            if self.fused and not ctx.deterministic:
+                return self._prefill_fused(x, ctx, split)
         else:
             x = self.model.embed_audio_tokens(audio_codes)
-            audio_mask = None
+            split = TokenSplit(None)
             if self.fused and ctx.lengths_gpu is not None:
                 return self._decode_fused(x, ctx)
         cos = self.rope_cos[ctx.positions_gpu].to(x.dtype)
         sin = self.rope_sin[ctx.positions_gpu].to(x.dtype)
         for layer in self.model.layers:
-            x = layer(x, cos, sin, ctx, audio_mask)
+            x = layer(x, cos, sin, ctx, split)
         return self.model.norm(x)
+
+    def _prefill_fused(self, x: torch.Tensor, ctx: AttentionContext, split: TokenSplit) -> torch.Tensor:
+        """x [B, T, hidden] prompt embeddings -> final hidden [B, T, hidden] (CUDA prefill).
+        Deterministic mode keeps the plain path: its prefill attention is pinned to a
+        kernel measured bit-stable at fixed shapes (runners/attention.py)."""
+        from runners.fused_ops import add_rmsnorm
+
+        b, t, n = x.shape
+        positions = ctx.positions_gpu.reshape(-1)  # [B * T]
+        slots = ctx.slots_gpu.repeat_interleave(t)  # [B * T]
+        x, delta = x.reshape(b * t, n), None
+        for layer in self.model.layers:
+            x, delta = layer.prefill_fused(x, delta, self.rope_cos, self.rope_sin, positions, slots, ctx, split, b)
+        norm = self.model.norm
+        return add_rmsnorm(x, delta, norm.weight, norm.eps)[1].view(b, t, n)
 
     def _decode_fused(self, x: torch.Tensor, ctx: AttentionContext) -> torch.Tensor:
         """x [B, 1, hidden] audio embeddings -> final hidden [B, 1, hidden] (CUDA decode)."""

@@ -1,0 +1,101 @@
+"""Prefill forward time at the Higgs Audio v2 3B shape: ours fused, ours plain, transformers.
+
+Random bf16 weights shared by all three (omni_cli.bench.random_model). For
+each batch size, B prompts of --prompt-len tokens go through one prefill
+forward into KV slots 0..B-1: our fused CUDA path (runners/higgs_audio_v2/
+model.py ``_prefill_fused``), our plain modules (the CPU's and deterministic
+mode's path), and transformers' forward over the same ids (its logits at
+every position, as its prefill computes). Reported per batch: the first
+call's ms (a fresh process's first use of each shape) and the median of
+--repeat later calls, each synchronised, against the compute floor
+(2 x a token's matmul parameters x tokens at 801 TFLOP/s, the measured bf16
+ceiling).
+Prints a table and writes JSON.
+
+  python benchmarks/prefill.py --batch 1 8 64 256 --out prefill.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from omni_cli.bench import H200_FLOPS, random_model  # noqa: E402
+from runners.attention import KVCache  # noqa: E402
+from runners.engine import Engine, ForwardBatch  # noqa: E402
+from runners.higgs_audio_v2.shapes import param_counts  # noqa: E402
+
+
+def _timed(fn, repeat: int) -> tuple[float, float]:
+    """(first call ms, median of the next `repeat` calls ms), each call synchronised."""
+    times = []
+    for _ in range(repeat + 1):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        fn()
+        torch.cuda.synchronize()
+        times.append((time.perf_counter() - t0) * 1e3)
+    return times[0], float(np.median(times[1:]))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--batch", type=int, nargs="+", default=[1, 8, 64, 256])
+    ap.add_argument("--prompt-len", type=int, default=64)
+    ap.add_argument("--repeat", type=int, default=5)
+    ap.add_argument("--out", type=Path, default=Path("prefill.json"))
+    args = ap.parse_args()
+    dev = torch.device("cuda")
+    ref, model, _ = random_model("higgs-audio-v2-3b", torch.bfloat16, dev, 512)
+    cfg = model.cfg
+    kv = KVCache(cfg.num_hidden_layers, max(args.batch) + 1, cfg.num_key_value_heads, 512, cfg.head_dim,
+                 torch.bfloat16, dev)
+    engine = Engine(model, kv, dev)
+    _, matmul_params = param_counts(cfg)  # a step's matmul weights: attention and one MLP per layer, the head
+    rng = np.random.default_rng(0)
+    rows = []
+    for b in args.batch:
+        t = args.prompt_len
+        ids = torch.from_numpy(rng.integers(0, cfg.audio_bos_token_id - 16, (b, t))).to(dev)
+        fb = ForwardBatch(is_prefill=True, rids=[f"r{i}" for i in range(b)], slots_gpu=torch.arange(b, device=dev),
+                          lengths_cpu=[t] * b, steps_cpu=[0] * b, steps_gpu=torch.zeros(b, dtype=torch.int64, device=dev),
+                          positions_gpu=torch.arange(t, device=dev).expand(b, t), model_inputs={"input_ids": ids})
+
+        def plain():
+            model.fused = False  # prefill through the plain modules (decode is not run here)
+            try:
+                engine.forward(fb)
+            finally:
+                model.fused = True
+
+        def peer():
+            with torch.inference_mode():
+                ref(input_ids=ids, attention_mask=torch.ones_like(ids))
+
+        floor = 1e3 * 2 * matmul_params * b * t / H200_FLOPS
+        row = {"batch": b, "prompt_len": t, "floor_ms": round(floor, 2)}
+        for name, fn in (("fused", lambda: engine.forward(fb)), ("plain", plain), ("transformers", peer)):
+            first, steady = _timed(fn, args.repeat)
+            row[f"{name}_first_ms"], row[f"{name}_ms"] = round(first, 2), round(steady, 2)
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+    print(f"{'batch':>5} {'tokens':>7} {'fused ms':>9} {'(first)':>8} {'plain ms':>9} {'(first)':>8} "
+          f"{'transformers ms':>16} {'floor ms':>9} {'fused of floor':>15}")
+    for r in rows:
+        print(f"{r['batch']:>5} {r['batch'] * r['prompt_len']:>7} {r['fused_ms']:>9.2f} {r['fused_first_ms']:>8.1f} "
+              f"{r['plain_ms']:>9.2f} {r['plain_first_ms']:>8.1f} {r['transformers_ms']:>16.2f} {r['floor_ms']:>9.2f} "
+              f"{r['floor_ms'] / r['fused_ms']:>15.2f}")
+    args.out.write_text(json.dumps({"device": torch.cuda.get_device_name(), "torch": torch.__version__,
+                                    "rows": rows}, indent=2))
+
+
+if __name__ == "__main__":
+    main()

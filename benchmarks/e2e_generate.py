@@ -10,12 +10,14 @@ different steps and reach the codec with different lengths, as with real
 stops):
   omni generate prompts.jsonl -o OUT --model cfg.yaml --max-batch-size B ...
 Reported per run: seconds from the command to the first wav on disk (load,
-graph capture, the first rows' decode and codec), the whole command's wall
-time, audio seconds written, and audio-s/s over the generate phase (after
-loading; prefill, decode, codec and all files included) and over the wall;
+warm-up with graph capture, the first rows' decode and codec), the whole
+command's wall time, the load and the warm-up, audio seconds written, and
+audio-s/s over the generate phase (after the load and the warm-up; prefill,
+decode, codec and all files included) and over the wall;
 and from run.json, the generate phase split into the loop (prefill and
 decode, with the writers working beside it), its prefill steps, and the
-writers' tail after the last step.
+writers' tail after the last step, and the codec thread's calls: their
+number, total and longest seconds.
 Prints a table and writes JSON.
 
   python benchmarks/e2e_generate.py --runs 1:4 64:64 256:256 --out e2e.json
@@ -94,9 +96,11 @@ def run(root: Path, rows: int, batch: int, frames: int, async_decode: bool, vary
     info = json.loads((out / "run.json").read_text())
     audio, gen = info["totals"]["audio_s"], info["timings"]["generate_s"]
     return {"rows": rows, "max_batch_size": batch, "async_decode": async_decode, "frames": frames, "vary": vary,
-            "first_wav_s": first, "wall_s": wall, "load_s": info["timings"]["load_s"], "generate_s": gen,
+            "first_wav_s": first, "wall_s": wall, "load_s": info["timings"]["load_s"],
+            "warmup_s": info["timings"]["warmup_s"], "generate_s": gen,
             "audio_s": audio, "audio_s_per_s_generate": audio / gen, "audio_s_per_s_wall": audio / wall,
-            **{k: info["timings"][k] for k in ("loop_s", "prefill_s", "prefill_steps", "write_tail_s")},
+            **{k: info["timings"][k] for k in ("loop_s", "prefill_s", "prefill_steps", "write_tail_s", "codec_calls",
+                                                "codec_s", "codec_max_call_s")},
             "step_ms": info["timings"]["step_ms"],
             "query_hits": info["async_decode"]["query_hits"], "query_misses": info["async_decode"]["query_misses"]}
 
@@ -118,12 +122,14 @@ def main() -> None:
         for spec in args.runs:
             batch, rows = (int(x) for x in spec.split(":"))
             results.append(run(root, rows, batch, args.frames, True, args.vary))
-    print(f"{'batch':>5} {'rows':>5} {'first wav s':>12} {'wall s':>7} {'load s':>7} {'audio s':>8} "
-          f"{'aud-s/s gen':>12} {'aud-s/s wall':>13} {'loop s':>7} {'prefill s':>9} {'prefills':>8} {'tail s':>7}")
+    print(f"{'batch':>5} {'rows':>5} {'first wav s':>12} {'wall s':>7} {'load s':>7} {'warm s':>7} {'audio s':>8} "
+          f"{'aud-s/s gen':>12} {'aud-s/s wall':>13} {'loop s':>7} {'prefill s':>9} {'prefills':>8} {'tail s':>7} "
+          f"{'codec s':>8} {'calls':>6} {'longest':>8}")
     for r in results:
         print(f"{r['max_batch_size']:>5} {r['rows']:>5} {r['first_wav_s'] or float('nan'):>12.1f} {r['wall_s']:>7.1f} "
-              f"{r['load_s']:>7.1f} {r['audio_s']:>8.1f} {r['audio_s_per_s_generate']:>12.1f} "
-              f"{r['audio_s_per_s_wall']:>13.1f} {r['loop_s']:>7.2f} {r['prefill_s']:>9.2f} {r['prefill_steps']:>8} {r['write_tail_s']:>7.2f}")
+              f"{r['load_s']:>7.1f} {r['warmup_s']:>7.1f} {r['audio_s']:>8.1f} {r['audio_s_per_s_generate']:>12.1f} "
+              f"{r['audio_s_per_s_wall']:>13.1f} {r['loop_s']:>7.2f} {r['prefill_s']:>9.2f} {r['prefill_steps']:>8} {r['write_tail_s']:>7.2f} "
+              f"{r['codec_s']:>8.2f} {r['codec_calls']:>6} {r['codec_max_call_s']:>8.2f}")
     args.out.write_text(json.dumps({"device": torch.cuda.get_device_name(), "torch": torch.__version__,
                                     "runs": results}, indent=2))
 

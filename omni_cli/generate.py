@@ -33,6 +33,8 @@ from omni_cli.progress import Progress
 from omni_cli.prompts import read_prompts
 from omni_cli.scheduler import Request, Scheduler
 from omni_cli.seeds import row_seed
+from omni_cli.warmup import warm_up_lm
+from runners.device import priority_stream
 
 FAMILIES = {"higgs_audio_v2": "runners.higgs_audio_v2"}
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -116,6 +118,19 @@ def run_generate(opts: GenerateOptions) -> RunSummary:
         raise OmniError(f"{config.path}: key 'family': unknown family {config.family!r} (known: {', '.join(FAMILIES)})")
     runner, prompt_builder = family.build(config, dtype, device, raw_logprobs=opts.raw_logprobs)
     t_loaded = time.perf_counter()
+    # batched on CUDA only: the CPU path stays per row (a batched CPU conv rounds differently too)
+    batch_codec = device.type == "cuda" and not config.deterministic
+    # The audio of finished rows is decoded on one codec thread (batched on
+    # CUDA, except in deterministic mode), on its own CUDA stream, and their
+    # files are written by a pool. One codec thread: cuDNN sets up per thread
+    # and per input shape (on the H200 machine, 1.5 s for the first call,
+    # 60-350 ms for each new shape), and Python launches the codec's kernels
+    # under the GIL anyway, so more codec threads add set-up, not speed.
+    codec_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="omni-codec")
+    if device.type == "cuda":  # the CPU has no first-use costs worth a warm-up
+        with priority_stream(device):  # the stream the loop will run on
+            _warm_up(runner, rows, config, base_params, prompt_builder, opts.seed, codec_thread, batch_codec)
+    t_warmed = time.perf_counter()
 
     writer = OutputWriter(opts.out, opts.fmt, runner.sample_rate)
     # the runner may hold fewer KV slots than max_batch_size asked for (free device memory)
@@ -180,41 +195,46 @@ def run_generate(opts: GenerateOptions) -> RunSummary:
             if not reqs:
                 return  # an earlier call took them
             tokens = [np.stack(r.frames) for r in reqs]  # [frames, codebooks], as sampled
-            for req, toks, wave in zip(reqs, tokens, decode_rows(runner, tokens, batch_codec)):
-                pending.append(writers.submit(write, req, toks, wave))
+            t_call = time.perf_counter()
+            for i, wave in decode_rows(runner, tokens, batch_codec):  # writes start as each codec call ends
+                pending.append(writers.submit(write, reqs[i], tokens[i], wave))
+            codec_calls.append(time.perf_counter() - t_call)
 
-        # The audio of finished rows is decoded on one codec thread (batched on
-        # CUDA, except in deterministic mode), on its own CUDA stream, and their
-        # files are written by a pool. One codec thread: cuDNN sets up
-        # per thread and per input shape (on the H200 machine, 1.5 s for the first
-        # call, 60-350 ms for each new shape), and Python launches the codec's
-        # kernels under the GIL anyway, so more codec threads add set-up, not speed.
-        # batched on CUDA only: the CPU path stays per row (a batched CPU conv rounds differently too)
-        batch_codec = device.type == "cuda" and not config.deterministic
-        codec_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="omni-codec")
         writers = ThreadPoolExecutor(max_workers=WRITER_THREADS, thread_name_prefix="omni-writer")
         pending = []  # futures, appended by this thread and the codec thread
-        # rows wait here until the codec thread takes them all at once: when it
-        # falls behind, its calls get bigger instead of its queue longer
+        codec_calls: list[float] = []  # seconds per decode_and_write call that decoded rows
+        # Rows wait here until the codec thread takes them all at once: when it
+        # falls behind, its calls get bigger instead of its queue longer. A call
+        # waits for as many rows as one batched codec call holds (or the last
+        # rows): batch 1 decodes at half the rate of batch 21 (bf16, measured),
+        # and in a long run the codec's calls share the GPU with the decode loop.
         backlog: list[Request] = []
         backlog_lock = threading.Lock()
+        codec_rows = min(runner.num_slots, runner.codec_rows_per_call(base_params.max_new_frames)) if batch_codec else 1
+        queued, taken = len(by_rid), 0  # rows that will reach the codec, and those that did
 
         def finished(reqs: list[Request]) -> None:
+            nonlocal taken
             with backlog_lock:
                 backlog.extend(reqs)
-            pending.append(codec_thread.submit(decode_and_write))
+                taken += len(reqs)
+                ready = len(backlog) >= codec_rows or taken >= queued
+            if ready:
+                pending.append(codec_thread.submit(decode_and_write))
 
         def stepped(rows: int, loop_stats) -> None:
             progress.step(rows, runner.async_query_hit, runner.async_query_miss, loop_stats.sync_routed)
 
         t_loop = time.perf_counter()
         try:
-            stats = run_loop(scheduler, runner, finished, stepped, config.async_decode)
+            with priority_stream(device):  # ahead of the codec's stream on the GPU
+                stats = run_loop(scheduler, runner, finished, stepped, config.async_decode)
         except KeyboardInterrupt:
             interrupted = True
             stats = None
         finally:
             t_decoded = time.perf_counter()
+            pending.append(codec_thread.submit(decode_and_write))  # rows still waiting (after Ctrl-C, say)
             codec_thread.shutdown(wait=True)  # every finished request decoded, its files submitted
             writers.shutdown(wait=True)  # and on disk
             t_written = time.perf_counter()
@@ -236,13 +256,18 @@ def run_generate(opts: GenerateOptions) -> RunSummary:
         "command": {k: (str(v) if isinstance(v, Path) else v) for k, v in opts.__dict__.items()},
         "totals": {"rows": len(rows), "ok": ok, "failed": failed, "interrupted": interrupted,
                    "frames": progress.frames, "audio_s": round(progress.audio_s, 3)},
-        "timings": {"load_s": round(t_loaded - t0, 3), "generate_s": round(t_end - t_loaded, 3),
+        # generate_s: after the load and the warm-up (both startup), to the last file
+        "timings": {"load_s": round(t_loaded - t0, 3), "warmup_s": round(t_warmed - t_loaded, 3),
+                    "generate_s": round(t_end - t_warmed, 3),
                     "wall_s": round(t_end - t0, 3), "frames_per_s": round(fps, 2), "audio_s_per_s": round(asps, 3),
                     # the loop (prefill + decode, files written beside it), then the writers' tail
                     "loop_s": round(t_decoded - t_loop, 3),
                     "prefill_s": round(sum(stats.prefill_ms) / 1e3, 3) if stats else None,
                     "prefill_steps": len(stats.prefill_ms) if stats else None,
                     "write_tail_s": round(t_written - t_decoded, 3),
+                    # the codec thread: its calls (each every row finished so far), their sum and the longest
+                    "codec_calls": len(codec_calls), "codec_s": round(sum(codec_calls), 3),
+                    "codec_max_call_s": round(max(codec_calls, default=0.0), 3),
                     "step_ms": stats.percentiles() if stats else {}},
         "async_decode": {"enabled": config.async_decode, "query_hits": runner.async_query_hit,
                          "query_misses": runner.async_query_miss,
@@ -268,23 +293,50 @@ def _request(r, system: str, base_params, prompt_builder, run_seed: int | None) 
     return Request(rid=r.id, prompt_ids=prompt_ids, params=params, seed=row_seed(r.seed, run_seed, r.id))
 
 
-def decode_rows(runner, tokens: list[np.ndarray], batched: bool) -> list:
-    """Each row's waveform, or the error that kept its audio from being decoded.
+def _warm_up(runner, rows, config, base_params, prompt_builder, run_seed, codec_thread, batch_codec) -> None:
+    """First-use costs before the first real row (omni_cli/warmup.py): the LM on this
+    thread, the codec at once on its own thread, with the first row that builds."""
+    for r in rows:
+        if r.error is None:
+            try:
+                template = _request(r, r.system if r.system is not None else config.system_prompt, base_params,
+                                    prompt_builder, run_seed)
+            except RowError:
+                continue
+            if template.kv_tokens_needed() <= config.max_seq_len:
+                break
+    else:
+        return  # no row will run
+    frames = template.params.max_new_frames
+    codec = codec_thread.submit(runner.warm_codec, frames, runner.num_slots, batch_codec)
+    warm_up_lm(runner, template, config.max_seq_len, config.async_decode)
+    codec.result()
 
-    When a call fails (a batch out of memory, say), the rows are retried one
-    by one, so that only a row that fails alone is lost."""
+
+def decode_rows(runner, tokens: list[np.ndarray], batched: bool):
+    """Yields (row index, its waveform or the error that kept its audio from being
+    decoded) for every row, each codec call's rows as soon as that call completes.
+
+    When a call fails (a batch out of memory, say), the rows not yet yielded
+    are retried one by one, so that only a row that fails alone is lost."""
+    done: set[int] = set()
     try:
-        return runner.decode_audio(tokens, batched=batched)
+        for rows, waves in runner.decode_audio_calls(tokens, batched=batched):
+            for i, wave in zip(rows, waves):
+                done.add(i)
+                yield i, wave
+        return
     except (RuntimeError, ValueError) as e:  # a codec error
         if len(tokens) == 1:
-            return [e]
-    out = []
-    for t in tokens:
+            yield 0, e
+            return
+    for i, t in enumerate(tokens):
+        if i in done:
+            continue
         try:
-            out.append(runner.decode_audio([t], batched=False)[0])
+            yield i, runner.decode_audio([t], batched=False)[0]
         except (RuntimeError, ValueError) as e:
-            out.append(e)
-    return out
+            yield i, e
 
 
 def _async_summary(enabled: bool, runner, stats) -> str:

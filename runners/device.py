@@ -1,4 +1,4 @@
-"""The few device objects whose CUDA and CPU versions differ: events and host staging.
+"""The few device objects whose CUDA and CPU versions differ: events, host staging, the loop's stream.
 
 On the CPU every operation has finished when it returns, so an event is
 complete as soon as it is recorded, and host staging needs no pinning. The
@@ -6,6 +6,8 @@ async-decode logic above this module is the same on both, so CI runs it.
 """
 
 from __future__ import annotations
+
+import contextlib
 
 import torch
 
@@ -48,3 +50,26 @@ def free_memory(device: torch.device) -> int | None:
         return None
     torch.cuda.synchronize(device)
     return torch.cuda.mem_get_info(device)[0]
+
+
+@contextlib.contextmanager
+def priority_stream(device: torch.device):
+    """Run the enclosed device work on a stream of the highest priority (CUDA; elsewhere a no-op).
+
+    The decode loop runs on it and the codec on a stream of default priority
+    (runners/higgs_audio_v2/runner.py): when both have work queued the GPU
+    starts the loop's blocks first, so a codec call stalls a decode step less.
+    A graph replayed into it runs at its priority (CUDA's default for graphs).
+    Hazard: memory the enclosed code frees is reused on this stream only, so
+    tensors made inside must not be handed to another stream without a wait."""
+    if device.type != "cuda":
+        yield
+        return
+    outer = torch.cuda.current_stream(device)
+    stream = torch.cuda.Stream(device, priority=-100)  # clamped to the device's highest
+    stream.wait_stream(outer)  # what was enqueued before (weights, tables) is ready
+    try:
+        with torch.cuda.stream(stream):
+            yield
+    finally:
+        outer.wait_stream(stream)

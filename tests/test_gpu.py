@@ -94,16 +94,21 @@ def test_default_mode_batches_the_codec_within_bf16_rounding(tmp_path):
 
     cfg = write_config(tmp_path / "m.yaml", TINY, max_seq_len=256)
     cfg.write_text(cfg.read_text().replace("dtype: float32", "dtype: bfloat16").replace("device: cpu", "device: cuda"))
+    import omni_cli.generate as generate
+
     calls = []
-    real = HiggsCodecDecoder.decode
+    real, real_warm = HiggsCodecDecoder.decode, generate._warm_up
     HiggsCodecDecoder.decode = lambda self, codes, lengths=None: (calls.append(codes.shape[0]),
                                                                   real(self, codes, lengths))[1]
+    generate._warm_up = lambda *a: (real_warm(*a), calls.append("warmed"))
     try:
         out = _gen(tmp_path, "d", cfg, [{"id": f"r{i}", "text": t} for i, t in enumerate(TEXTS)], "--seed", "2",
                    "--min-new-frames", "60", "--max-batch-size", "8")
     finally:
-        HiggsCodecDecoder.decode = real
-    assert max(calls) == 8 and sum(calls) == 8  # the 8 rows finish in one step
+        HiggsCodecDecoder.decode, generate._warm_up = real, real_warm
+    warm = calls[: calls.index("warmed")]
+    assert warm == [1 << i for i in range(len(warm))], calls  # the warm-up: batches 1, 2, 4, ...
+    assert calls[len(warm) + 1:] == [8], calls  # the 8 rows finish in one step and share one call
     dev = torch.device("cuda")
     runners = {dt: higgs.build(load_config(str(cfg)), dt, dev)[0] for dt in (torch.bfloat16, torch.float32)}
     for m in read_manifest(out):

@@ -178,9 +178,40 @@ class HiggsRunner(ModelRunner):
             self._codec_streams.stream = torch.cuda.Stream(self.device)
         return torch.cuda.stream(self._codec_streams.stream)
 
-    @torch.inference_mode()
+    def codec_rows_per_call(self, max_new_frames: int) -> int:
+        """How many rows of max_new_frames frames one batched codec call holds."""
+        n = len(self.codes_for_codec(np.zeros((max_new_frames, self.num_streams), dtype=np.int64)))
+        return max(1, CODEC_BATCH_FRAMES // max(CODEC_LENGTH_BUCKET, -(-n // CODEC_LENGTH_BUCKET) * CODEC_LENGTH_BUCKET))
+
+    def warm_codec(self, max_new_frames: int, rows: int, batched: bool) -> None:
+        """Decode dummy codes at the shapes that rows running to max_new_frames take:
+        batched, every power-of-two batch up to ``rows`` (or what one call holds) at their
+        length bucket; else one row at their exact length. Run it on the thread that will
+        decode (cuDNN's set-up is per thread as well as per shape)."""
+        frames = np.zeros((max_new_frames, self.num_streams), dtype=np.int64)  # max_new_frames - C codec frames
+        if len(self.codes_for_codec(frames)) == 0:
+            return
+        widest = min(rows, self.codec_rows_per_call(max_new_frames)) if batched else 1
+        n = 1
+        while True:
+            self.decode_audio([frames] * n, batched)
+            if n >= widest:
+                return
+            n = min(2 * n, widest)
+
     def decode_audio(self, tokens: list[np.ndarray], batched: bool) -> list[np.ndarray]:
-        """Generated frames, [T, C] per request -> waveforms, float32 [samples] each at ``sample_rate``.
+        """Generated frames, [T, C] per request -> waveforms, float32 [samples] each at
+        ``sample_rate``: every call of decode_audio_calls, gathered in row order."""
+        audio: list[np.ndarray | None] = [None] * len(tokens)
+        for rows, waves in self.decode_audio_calls(tokens, batched):
+            for i, wave in zip(rows, waves):
+                audio[i] = wave
+        return audio
+
+    @torch.inference_mode()
+    def decode_audio_calls(self, tokens: list[np.ndarray], batched: bool):
+        """Yields (row indices, their waveforms) per codec call, as each call completes, so the
+        caller can write those rows while later calls run; rows without codes come first.
 
         Runs on the caller's thread (omni generate's codec thread); on CUDA on
         a stream of that thread's own, so the decode loop's stream never waits
@@ -194,14 +225,16 @@ class HiggsRunner(ModelRunner):
         most CODEC_BATCH_FRAMES codec frames, and one batch runs at a time:
         the KV cache leaves only device.KV_HEADROOM_BYTES free."""
         codes = [self.codes_for_codec(t) for t in tokens]
-        audio = [np.zeros(0, dtype=np.float32) if len(c) == 0 else None for c in codes]
+        empty = [i for i, c in enumerate(codes) if len(c) == 0]
+        if empty:
+            yield empty, [np.zeros(0, dtype=np.float32) for _ in empty]
         todo = [i for i, c in enumerate(codes) if len(c)]
         with self._codec_stream():
             if not batched:
                 for i in todo:
                     codes_gpu = torch.from_numpy(codes[i].T.copy())[None].to(self.device)  # [1, C, T']
-                    audio[i] = self.codec.decode(codes_gpu)[0].cpu().numpy()  # waits for this stream only
-                return audio
+                    yield [i], [self.codec.decode(codes_gpu)[0].cpu().numpy()]  # waits for this stream only
+                return
             buckets: dict[int, list[int]] = {}
             for i in todo:
                 buckets.setdefault(-(-len(codes[i]) // CODEC_LENGTH_BUCKET) * CODEC_LENGTH_BUCKET, []).append(i)
@@ -218,6 +251,4 @@ class HiggsRunner(ModelRunner):
                     with self._codec_lock:
                         wave = self.codec.decode(torch.from_numpy(padded).to(self.device),
                                                  torch.from_numpy(lengths).to(self.device)).cpu().numpy()
-                    for j, i in enumerate(chunk):
-                        audio[i] = wave[j, : lengths[j] * self.hop_length]
-        return audio
+                    yield chunk, [wave[j, : lengths[j] * self.hop_length] for j in range(len(chunk))]

@@ -5,9 +5,10 @@ or a decode batch (one frame for every running request). Requests of very
 different lengths share the batch over time and new ones join mid-flight.
 Admission waits until an eighth of the slots are free (or the rest of the
 queue fits, or nothing else can run): a prefill stops every running request
-for its length, and it costs about the same for one prompt as for dozens
-(eager, host-bound: on the H200 machine at the 3B shape, 256 rows through 64
-slots spent 10.7 of 15.1 s in its one-prompt refills).
+for its length, and a small one is host-bound, so one prompt costs nearly
+as much as eight (on the H200 machine at the 3B shape: 13 ms against 19 ms
+fused; with a prefill per freed slot, 256 rows through 64 slots once spent
+10.7 of 15.1 s in one-prompt refills).
 
 KV memory is a fixed pool of ``max_batch_size`` slots of ``max_seq_len``
 tokens each (the runner allocates it once). A request holds one slot from its

@@ -10,7 +10,8 @@ the norm run in float32), in one pass each:
   rope_kv_write   rotary embedding of q and k from a fused qkv row, q to a
                   buffer, k and v straight into the slot KV cache
   silu_mul        silu(gate) * up from a fused gate_up row
-  snake           the codec's Snake activation (runners/higgs_audio_v2/codec.py)
+  snake           the codec's Snake activation (runners/higgs_audio_v2/codec.py),
+                  optionally zero past each row's length (its padded batches)
 The CPU keeps the PyTorch forward.
 """
 
@@ -123,7 +124,8 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
 
 
 @triton.jit
-def _snake_kernel(x_ptr, alpha_ptr, out_ptr, channels, t, BLOCK: tl.constexpr):
+def _snake_kernel(x_ptr, alpha_ptr, out_ptr, lengths_ptr, channels, t, rate, BLOCK: tl.constexpr,
+                  MASKED: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)  # b * channels + c
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     ok = cols < t
@@ -133,15 +135,20 @@ def _snake_kernel(x_ptr, alpha_ptr, out_ptr, channels, t, BLOCK: tl.constexpr):
     inv = (1.0 / (a + 1e-9).to(dt).to(tl.float32)).to(dt).to(tl.float32)
     sin = tl.sin((a * x.to(tl.float32)).to(dt).to(tl.float32)).to(dt).to(tl.float32)
     sq = (sin * sin).to(dt).to(tl.float32)
-    tl.store(out_ptr + row * t + cols, (x.to(tl.float32) + (inv * sq).to(dt).to(tl.float32)).to(dt), mask=ok)
+    y = (x.to(tl.float32) + (inv * sq).to(dt).to(tl.float32)).to(dt)
+    if MASKED:  # zero past the row's length (a select, so garbage there, even inf, leaves nothing)
+        y = tl.where(cols < tl.load(lengths_ptr + row // channels) * rate, y, 0.0).to(dt)
+    tl.store(out_ptr + row * t + cols, y, mask=ok)
 
 
-def snake(x: torch.Tensor, alpha: torch.Tensor) -> torch.Tensor:
+def snake(x: torch.Tensor, alpha: torch.Tensor, lengths: torch.Tensor | None = None, rate: int = 1) -> torch.Tensor:
     """DAC's Snake activation x + sin(alpha x)^2 / (alpha + 1e-9) in one pass (transformers'
-    Snake1d runs seven kernels over the whole signal). x [B, C, T]; alpha [1, C, 1]."""
+    Snake1d runs seven kernels over the whole signal). x [B, C, T]; alpha [1, C, 1].
+    With lengths [B]: the output is zero from position lengths[b] * rate of row b on."""
     b, c, t = x.shape
     x = x.contiguous()
     out = torch.empty_like(x)
     block = 1024
-    _snake_kernel[(b * c, triton.cdiv(t, block))](x, alpha.contiguous(), out, c, t, BLOCK=block)
+    _snake_kernel[(b * c, triton.cdiv(t, block))](x, alpha.contiguous(), out, x if lengths is None else lengths, c, t,
+                                                  rate, BLOCK=block, MASKED=lengths is not None)
     return out

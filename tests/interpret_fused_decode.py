@@ -8,7 +8,9 @@ path wrote to the cache); the original through the plain modules with
 PyTorch attention. Three rows of different lengths, one with audio-position
 tokens among its text (the dual FFN routes per token), prefill then decode
 steps through the padded (uncaptured) graph path; logits must agree in float32.
-Also the codec's fused Snake activation against transformers' Snake1d.
+Also the codec's fused Snake activation against transformers' Snake1d, and
+its masked form (zero past each row's length) against Snake1d then zeros,
+and the tiny codec's masked batch decode through it against the plain one.
 """
 
 from __future__ import annotations
@@ -73,7 +75,30 @@ def main() -> int:
         err = ((out[1] - out[0]).abs().max() / out[0].abs().max()).item()
         worst = max(worst, err)
     print(f"max relative logit difference {worst:.2e}")
-    return 0 if worst < 1e-5 and _snake_matches() else 1
+    return 0 if worst < 1e-5 and _snake_matches() and _masked_codec_matches() else 1
+
+
+def _masked_codec_matches() -> bool:
+    """The tiny codec's padded, masked batch decode with the fused (masking) Snake kernels
+    against the same decode with transformers' Snake1d and a multiply (float32)."""
+    from transformers.models.dac.modeling_dac import Snake1d
+
+    from runners.higgs_audio_v2.codec import HiggsCodecDecoder, _FusedSnake1d
+    from tests.conftest import TINY
+
+    plain = HiggsCodecDecoder.load(TINY / "codec", torch.float32, torch.device("cpu"))
+    fused = copy.deepcopy(plain)
+    for m in fused.acoustic_decoder.modules():
+        if isinstance(m, Snake1d):
+            m.__class__ = _FusedSnake1d
+    g = torch.Generator().manual_seed(3)
+    codes = torch.randint(0, 1024, (2, plain.num_quantizers, 12), generator=g)
+    lengths = torch.tensor([12, 7])
+    want, got = plain.decode(codes, lengths), fused.decode(codes, lengths)
+    hop = plain.hop_length
+    err = max((got[i, : n * hop] - want[i, : n * hop]).abs().max().item() for i, n in enumerate(lengths.tolist()))
+    print(f"masked codec batch, fused against plain: max abs difference {err:.2e}")
+    return err < 1e-5
 
 
 def _snake_matches() -> bool:
@@ -87,9 +112,16 @@ def _snake_matches() -> bool:
     with torch.no_grad():
         ref.alpha.copy_(torch.rand(1, 5, 1, generator=g) * 2 + 0.1)
     x = torch.randn(2, 5, 1500, generator=g) * 3  # T not a multiple of the block
-    err = (snake(x, ref.alpha.detach()) - ref(x).detach()).abs().max().item()
-    print(f"snake max abs difference {err:.2e}")
-    return err < 1e-5
+    want = ref(x).detach()
+    err = (snake(x, ref.alpha.detach()) - want).abs().max().item()
+    # masked (the codec's padded batches): zero from lengths[b] * rate on, even over inf
+    lengths, rate = torch.tensor([100, 37]), 8
+    x[1, :, 37 * rate:] = float("inf")
+    keep = (torch.arange(1500)[None, :] < lengths[:, None] * rate)[:, None, :]
+    masked = snake(x, ref.alpha.detach(), lengths, rate)
+    err_masked = (masked - torch.where(keep, want, 0.0)).abs().max().item()
+    print(f"snake max abs difference {err:.2e}, masked {err_masked:.2e}")
+    return err < 1e-5 and err_masked < 1e-5
 
 
 if __name__ == "__main__":

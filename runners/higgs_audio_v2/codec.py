@@ -133,9 +133,14 @@ class HiggsCodecDecoder(nn.Module):
 
     def _decode_masked(self, latent: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
         """The DAC decoder's forward (transformers' DacDecoder, DacDecoderBlock,
-        DacResidualUnit), zeroing each row past its length wherever a conv with
-        a receptive field wider than one step reads the signal."""
+        DacResidualUnit) with every convolution's input zero past each row's
+        length, as the convolution's own zero padding would be there. Only the
+        residual stream holds garbage past a length, and it reaches a
+        convolution only through a Snake, whose output is masked: on CUDA inside
+        the fused Snake kernel (no extra pass over the signal), elsewhere by a
+        multiply."""
         dec = self.acoustic_decoder
+        fused = isinstance(dec.snake1, _FusedSnake1d)
         keeps: dict[int, torch.Tensor] = {}  # rate -> [B, 1, T * rate], built once per rate
 
         def valid(h: torch.Tensor, rate: int) -> torch.Tensor:  # h [B, C, L] with L = T * rate
@@ -144,12 +149,18 @@ class HiggsCodecDecoder(nn.Module):
                 keeps[rate] = keep[:, None, :].to(h.dtype)
             return h * keeps[rate]
 
+        def act(snake: Snake1d, h: torch.Tensor, rate: int) -> torch.Tensor:
+            if fused:
+                from runners.fused_ops import snake as fused_snake
+
+                return fused_snake(h, snake.alpha, lengths, rate)
+            return valid(snake(h), rate)
+
         rate = 1
-        h = valid(dec.conv1(valid(latent, rate)), rate)
+        h = dec.conv1(valid(latent, rate))
         for block in dec.block:
+            h = block.conv_t1(act(block.snake1, h, rate))  # ConvTranspose1d here makes exactly T * stride
             rate *= block.conv_t1.stride[0]
-            h = valid(block.conv_t1(block.snake1(h)), rate)  # ConvTranspose1d here makes exactly T * stride
             for unit in (block.res_unit1, block.res_unit2, block.res_unit3):
-                # conv2 is pointwise: what conv1 makes past the length is zeroed at the sum
-                h = valid(h + unit.conv2(unit.snake2(unit.conv1(unit.snake1(h)))), rate)
-        return dec.tanh(dec.conv2(dec.snake1(h)))
+                h = h + unit.conv2(act(unit.snake2, unit.conv1(act(unit.snake1, h, rate)), rate))
+        return dec.tanh(dec.conv2(act(dec.snake1, h, rate)))

@@ -151,7 +151,7 @@ def _frames(rng, n: int) -> np.ndarray:
 
 def test_batched_codec_pads_rows_to_shared_shapes_and_sounds_as_if_alone(monkeypatch):
     """Rows of different lengths share calls of a bucketed length and a power-of-two batch
-    (at most codec_batch_frames frames); each row's audio is its own, as decoded alone,
+    (at most CODEC_BATCH_FRAMES frames); each row's audio is its own, as decoded alone,
     to within a conv's rounding: the padding is masked."""
     import runners.higgs_audio_v2.runner as higgs_runner
     from omni_cli.output import pcm16
@@ -161,7 +161,7 @@ def test_batched_codec_pads_rows_to_shared_shapes_and_sounds_as_if_alone(monkeyp
     lengths = (40, 30, 40, 40, 30, 40, 60, 9)  # codec frames: 31, 21, ..., 51; 9 frames: no audio at all
     tokens = [_frames(rng, n) for n in lengths]
     monkeypatch.setattr(higgs_runner, "CODEC_LENGTH_BUCKET", 32)
-    runner.codec_batch_frames = 4 * 32
+    monkeypatch.setattr(higgs_runner, "CODEC_BATCH_FRAMES", 4 * 32)
     calls = _codec_calls(monkeypatch)
     batched = runner.decode_audio(tokens, batched=True)
     # bucket 32: six rows in calls of 4 and 2; bucket 64: one row (a call of 128 frames holds 2, batch 1)

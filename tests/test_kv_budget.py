@@ -22,26 +22,6 @@ def test_no_slot_when_not_even_one_fits():
     assert kv_slots_within(free_bytes=50 * MIB, per_slot_bytes=10 * MIB, wanted=64, headroom=100 * MIB) == 0
 
 
-def test_codec_calls_grow_only_into_memory_past_the_headroom():
-    import torch
-
-    from runners.device import KV_HEADROOM_BYTES
-    from runners.higgs_audio_v2.runner import (CODEC_BATCH_FRAMES, CODEC_BYTES_PER_FRAME, CODEC_MAX_BATCH_FRAMES,
-                                               codec_batch_frames)
-
-    per_frame = CODEC_BYTES_PER_FRAME[torch.bfloat16]
-    assert codec_batch_frames(None, torch.bfloat16) == CODEC_BATCH_FRAMES  # the CPU: no budget, the least
-    assert codec_batch_frames(KV_HEADROOM_BYTES // 2, torch.bfloat16) == CODEC_BATCH_FRAMES  # memory-bound KV
-    for spare_frames in (1, 1000, 5000):
-        free = KV_HEADROOM_BYTES + spare_frames * per_frame + per_frame // 2
-        frames = codec_batch_frames(free, torch.bfloat16)
-        # what a call takes beyond the least fits in what is free beyond the headroom
-        assert (frames - CODEC_BATCH_FRAMES) * per_frame <= free - KV_HEADROOM_BYTES
-        assert frames == CODEC_BATCH_FRAMES + spare_frames
-    assert codec_batch_frames(100 << 30, torch.bfloat16) == CODEC_MAX_BATCH_FRAMES
-    assert codec_batch_frames(KV_HEADROOM_BYTES + 1000 * per_frame, torch.float32) < CODEC_BATCH_FRAMES + 1000
-
-
 def _patch_free(monkeypatch, free_bytes: int) -> None:
     import runners.higgs_audio_v2 as higgs
 

@@ -24,31 +24,18 @@ import numpy as np
 import torch
 
 from runners.base import BatchResult, ModelRunner, StepCollect
-from runners.device import KV_HEADROOM_BYTES, free_memory
 from runners.engine import Engine, ForwardBatch
 from runners.higgs_audio_v2.codec import HiggsCodecDecoder
 from runners.higgs_audio_v2.config import HiggsConfig
 
-# codec frames per batched decode call, at least: ~1.4 GiB of activations at the
-# 3B codec in bf16, which the KV headroom (runners/device.py) leaves room for
+# codec frames per batched decode call: ~1.4 GiB of activations at the 3B codec
+# in bf16 (~340 KB a frame, measured by benchmarks/codec_decode.py), which the
+# KV headroom (runners/device.py) leaves room for. Larger calls decode faster
+# (bf16, masked, batch 64 x 8 s: 6,719 audio-s/s against 5,526 at batch 21) but were
+# measured to hurt end to end (BENCHMARKS.md), so calls stay this size.
 CODEC_BATCH_FRAMES = 4096
-# and at most, where the device has memory beyond the headroom once the KV cache
-# is allocated: batch 64 x 8 s decodes 19% faster than batch 21 (bf16, masked;
-# benchmarks/codec_decode.py), and a call of 16,384 frames takes ~5.4 GiB
-CODEC_MAX_BATCH_FRAMES = 16384
-# the 3B codec's activations per codec frame of a call (1,405 MiB for 21 x 200 frames in bf16, measured)
-CODEC_BYTES_PER_FRAME = {torch.bfloat16: 360_000, torch.float16: 360_000, torch.float32: 720_000}
 # batched rows are padded to a multiple of this many codec frames (2.56 s)
 CODEC_LENGTH_BUCKET = 64
-
-
-def codec_batch_frames(free_bytes: int | None, dtype: torch.dtype) -> int:
-    """Codec frames one batched call may take, given the device memory free after the KV
-    cache (None on the CPU: the least). The KV headroom stays for what it was sized for."""
-    if free_bytes is None:
-        return CODEC_BATCH_FRAMES
-    extra = max(0, free_bytes - KV_HEADROOM_BYTES) // CODEC_BYTES_PER_FRAME[dtype]
-    return int(min(CODEC_MAX_BATCH_FRAMES, CODEC_BATCH_FRAMES + extra))
 
 
 class HiggsRunner(ModelRunner):
@@ -68,7 +55,6 @@ class HiggsRunner(ModelRunner):
         self._codec_lock = threading.Lock()  # one batched codec call at a time (its memory)
         self.sample_rate = codec.sample_rate
         self.hop_length = codec.hop_length
-        self.codec_batch_frames = codec_batch_frames(free_memory(device), next(codec.parameters()).dtype)
         c, s = cfg.num_codebooks, num_slots + 1  # + the padding rows' slot
         self.last_codes_gpu = torch.zeros(s, c, dtype=torch.int64, device=device)
         self.bos_delay_gpu = torch.zeros(s, c, dtype=torch.int64, device=device)
@@ -198,7 +184,7 @@ class HiggsRunner(ModelRunner):
     def codec_rows_per_call(self, max_new_frames: int) -> int:
         """How many rows of max_new_frames frames one batched codec call holds."""
         n = len(self.codes_for_codec(np.zeros((max_new_frames, self.num_streams), dtype=np.int64)))
-        return max(1, self.codec_batch_frames // max(CODEC_LENGTH_BUCKET, -(-n // CODEC_LENGTH_BUCKET) * CODEC_LENGTH_BUCKET))
+        return max(1, CODEC_BATCH_FRAMES // max(CODEC_LENGTH_BUCKET, -(-n // CODEC_LENGTH_BUCKET) * CODEC_LENGTH_BUCKET))
 
     def warm_codec(self, max_new_frames: int, rows: int, batched: bool) -> None:
         """Decode dummy codes at the shapes that rows running to max_new_frames take:
@@ -239,8 +225,8 @@ class HiggsRunner(ModelRunner):
         then equals the row decoded alone up to rounding. Otherwise each row
         goes alone at its own length, which deterministic mode needs (its
         bytes must not depend on which rows finished with it). A call holds at
-        most ``codec_batch_frames`` codec frames (codec_batch_frames()), and
-        one batch runs at a time."""
+        most CODEC_BATCH_FRAMES codec frames, and one batch runs at a time:
+        the KV cache leaves only device.KV_HEADROOM_BYTES free."""
         codes = [self.codes_for_codec(t) for t in tokens]
         empty = [i for i, c in enumerate(codes) if len(c) == 0]
         if empty:
@@ -256,7 +242,7 @@ class HiggsRunner(ModelRunner):
             for i in todo:
                 buckets.setdefault(-(-len(codes[i]) // CODEC_LENGTH_BUCKET) * CODEC_LENGTH_BUCKET, []).append(i)
             for length, members in buckets.items():
-                rows = max(1, self.codec_batch_frames // length)
+                rows = max(1, CODEC_BATCH_FRAMES // length)
                 for start in range(0, len(members), rows):
                     chunk = members[start: start + rows]
                     batch = min(1 << (len(chunk) - 1).bit_length(), rows)

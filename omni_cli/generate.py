@@ -206,7 +206,7 @@ def run_generate(opts: GenerateOptions) -> RunSummary:
         # Rows wait here until the codec thread takes them all at once: when it
         # falls behind, its calls get bigger instead of its queue longer. A call
         # waits for as many rows as one batched codec call holds (or the last
-        # rows): batch 1 decodes at half the rate of batch 21 (bf16, measured),
+        # rows): batch 1 decodes at less than half the rate of batch 21 (bf16, measured),
         # and in a long run the codec's calls share the GPU with the decode loop.
         backlog: list[Request] = []
         backlog_lock = threading.Lock()

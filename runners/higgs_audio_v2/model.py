@@ -18,9 +18,9 @@ deterministic prefill run the plain modules.
 
 Prefill routes each token to its layer's text or audio norms and MLP by
 index lists that are read to the host once per forward (``TokenSplit``): a
-per-layer boolean index would sync with the device twice a layer, which made
-an eager 3B prefill host-bound at ~90 ms whatever its size (measured on an
-H200).
+per-layer boolean index would sync with the device twice a layer (64 prompts
+of the 3B model took ~90 ms that way, the fused path 45 ms; measured on an
+H200, BENCHMARKS.md).
 """
 
 from __future__ import annotations
@@ -235,14 +235,13 @@ class DecoderLayer(nn.Module):
         on its text or audio norms and MLP."""
         from runners.fused_ops import add_rmsnorm
 
-        def norm(pair):
-            text_norm, audio_norm = pair
-            return (lambda y, d: add_rmsnorm(y, d, text_norm.weight, text_norm.eps),
-                    lambda y, d: add_rmsnorm(y, d, audio_norm.weight, audio_norm.eps))
+        def norms(text: RMSNorm, audio: RMSNorm):  # (residual + delta, its norm) per path
+            return (lambda y, d: add_rmsnorm(y, d, text.weight, text.eps),
+                    lambda y, d: add_rmsnorm(y, d, audio.weight, audio.eps))
 
-        x, h = split.route(*norm((self.input_layernorm, self.audio_input_layernorm)), x, delta)
+        x, h = split.route(*norms(self.input_layernorm, self.audio_input_layernorm), x, delta)
         attn = self.self_attn.prefill_fused(h, rope_cos, rope_sin, positions, slots, ctx, b)
-        x, h = split.route(*norm((self.post_attention_layernorm, self.audio_post_attention_layernorm)), x, attn)
+        x, h = split.route(*norms(self.post_attention_layernorm, self.audio_post_attention_layernorm), x, attn)
         delta = split.route(lambda y: (self.mlp.forward_fused(y),), lambda y: (self.audio_mlp.forward_fused(y),), h)[0]
         return x, delta
 

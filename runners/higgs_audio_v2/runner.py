@@ -38,6 +38,11 @@ CODEC_BATCH_FRAMES = 4096
 CODEC_LENGTH_BUCKET = 64
 
 
+def _length_bucket(codec_frames: int) -> int:
+    """The padded length of a batched row: the next multiple of CODEC_LENGTH_BUCKET."""
+    return -(-codec_frames // CODEC_LENGTH_BUCKET) * CODEC_LENGTH_BUCKET
+
+
 class HiggsRunner(ModelRunner):
     sample_rate: int
 
@@ -184,7 +189,7 @@ class HiggsRunner(ModelRunner):
     def codec_rows_per_call(self, max_new_frames: int) -> int:
         """How many rows of max_new_frames frames one batched codec call holds."""
         n = len(self.codes_for_codec(np.zeros((max_new_frames, self.num_streams), dtype=np.int64)))
-        return max(1, CODEC_BATCH_FRAMES // max(CODEC_LENGTH_BUCKET, -(-n // CODEC_LENGTH_BUCKET) * CODEC_LENGTH_BUCKET))
+        return max(1, CODEC_BATCH_FRAMES // _length_bucket(max(n, 1)))
 
     def warm_codec(self, max_new_frames: int, rows: int, batched: bool) -> None:
         """Decode dummy codes at the shapes that rows running to max_new_frames take:
@@ -240,7 +245,7 @@ class HiggsRunner(ModelRunner):
                 return
             buckets: dict[int, list[int]] = {}
             for i in todo:
-                buckets.setdefault(-(-len(codes[i]) // CODEC_LENGTH_BUCKET) * CODEC_LENGTH_BUCKET, []).append(i)
+                buckets.setdefault(_length_bucket(len(codes[i])), []).append(i)
             for length, members in buckets.items():
                 rows = max(1, CODEC_BATCH_FRAMES // length)
                 for start in range(0, len(members), rows):

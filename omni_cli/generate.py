@@ -127,16 +127,36 @@ def run_generate(opts: GenerateOptions) -> RunSummary:
     # 60-350 ms for each new shape), and Python launches the codec's kernels
     # under the GIL anyway, so more codec threads add set-up, not speed.
     codec_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="omni-codec")
-    if device.type == "cuda":  # the CPU has no first-use costs worth a warm-up
-        with priority_stream(device):  # the stream the loop will run on
-            _warm_up(runner, rows, config, base_params, prompt_builder, opts.seed, codec_thread, batch_codec)
-    t_warmed = time.perf_counter()
 
-    writer = OutputWriter(opts.out, opts.fmt, runner.sample_rate)
     # the runner may hold fewer KV slots than max_batch_size asked for (free device memory)
     scheduler = Scheduler(runner.num_slots, config.max_seq_len)
     by_rid: dict[str, tuple] = {}
     by_system: dict[str, str] = {}
+    rejected: list[tuple] = []  # (row, error): rows that never reach the scheduler
+    for r in rows:
+        if r.error is not None:
+            rejected.append((r, r.error))
+            continue
+        system = r.system if r.system is not None else config.system_prompt
+        try:
+            req = _request(r, system, base_params, prompt_builder, opts.seed)
+            try:
+                scheduler.add(req)
+            except ValueError as e:
+                raise RowError(r.row, "max_new_frames", str(e)) from None
+        except RowError as e:
+            rejected.append((r, str(e)))
+            continue
+        by_rid[r.id] = (r, req)
+        by_system[r.id] = system
+
+    t_warm = time.perf_counter()
+    if device.type == "cuda" and scheduler.waiting:  # the CPU has no first-use costs worth a warm-up
+        with priority_stream(device):  # the stream the loop will run on
+            _warm_up(runner, scheduler.waiting[0], config, codec_thread, batch_codec)
+    warmup_s = time.perf_counter() - t_warm
+
+    writer = OutputWriter(opts.out, opts.fmt, runner.sample_rate)
     ok = failed = 0
     interrupted = False
     progress = Progress(len(rows), opts.quiet)
@@ -156,22 +176,8 @@ def run_generate(opts: GenerateOptions) -> RunSummary:
         if runner.num_slots < config.max_batch_size and not opts.quiet:
             progress.print_line(f"omni: device memory holds the KV cache of {runner.num_slots} requests at once "
                                 f"(max_batch_size {config.max_batch_size}); running that many")
-        for r in rows:
-            if r.error is not None:
-                fail(r.row, r.id, r.text, r.error)
-                continue
-            system = r.system if r.system is not None else config.system_prompt
-            try:
-                req = _request(r, system, base_params, prompt_builder, opts.seed)
-                try:
-                    scheduler.add(req)
-                except ValueError as e:
-                    raise RowError(r.row, "max_new_frames", str(e)) from None
-            except RowError as e:
-                fail(r.row, r.id, r.text, str(e))
-                continue
-            by_rid[r.id] = (r, req)
-            by_system[r.id] = system
+        for r, error in rejected:
+            fail(r.row, r.id, r.text, error)
 
         def write(req: Request, tokens: np.ndarray, wave) -> None:  # on a writer thread: one row's files
             nonlocal ok
@@ -257,8 +263,8 @@ def run_generate(opts: GenerateOptions) -> RunSummary:
         "totals": {"rows": len(rows), "ok": ok, "failed": failed, "interrupted": interrupted,
                    "frames": progress.frames, "audio_s": round(progress.audio_s, 3)},
         # generate_s: after the load and the warm-up (both startup), to the last file
-        "timings": {"load_s": round(t_loaded - t0, 3), "warmup_s": round(t_warmed - t_loaded, 3),
-                    "generate_s": round(t_end - t_warmed, 3),
+        "timings": {"load_s": round(t_loaded - t0, 3), "warmup_s": round(warmup_s, 3),
+                    "generate_s": round(t_end - t_loaded - warmup_s, 3),
                     "wall_s": round(t_end - t0, 3), "frames_per_s": round(fps, 2), "audio_s_per_s": round(asps, 3),
                     # the loop (prefill + decode, files written beside it), then the writers' tail
                     "loop_s": round(t_decoded - t_loop, 3),
@@ -293,22 +299,10 @@ def _request(r, system: str, base_params, prompt_builder, run_seed: int | None) 
     return Request(rid=r.id, prompt_ids=prompt_ids, params=params, seed=row_seed(r.seed, run_seed, r.id))
 
 
-def _warm_up(runner, rows, config, base_params, prompt_builder, run_seed, codec_thread, batch_codec) -> None:
-    """First-use costs before the first real row (omni_cli/warmup.py): the LM on this
-    thread, the codec at once on its own thread, with the first row that builds."""
-    for r in rows:
-        if r.error is None:
-            try:
-                template = _request(r, r.system if r.system is not None else config.system_prompt, base_params,
-                                    prompt_builder, run_seed)
-            except RowError:
-                continue
-            if template.kv_tokens_needed() <= config.max_seq_len:
-                break
-    else:
-        return  # no row will run
-    frames = template.params.max_new_frames
-    codec = codec_thread.submit(runner.warm_codec, frames, runner.num_slots, batch_codec)
+def _warm_up(runner, template: Request, config, codec_thread, batch_codec: bool) -> None:
+    """First-use costs before the first real row (omni_cli/warmup.py), with the first queued
+    row as the template: the LM on this thread, the codec at once on its own thread."""
+    codec = codec_thread.submit(runner.warm_codec, template.params.max_new_frames, runner.num_slots, batch_codec)
     warm_up_lm(runner, template, config.max_seq_len, config.async_decode)
     codec.result()
 

@@ -10,6 +10,7 @@ query can see it, because keys at or beyond a row's length are masked).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 import torch.nn.functional as F
@@ -61,7 +62,7 @@ class AttentionContext:
     is_prefill: bool
     slots_gpu: torch.Tensor  # [B] int64
     positions_gpu: torch.Tensor  # [B, T] int64: rope positions, and cache write positions
-    mask_gpu: torch.Tensor | None  # [B, 1, T, K] bool, True = may attend (None with lengths_gpu)
+    mask_gpu: torch.Tensor | None  # [B, 1, T, K] bool, True = may attend (None with lengths_gpu, or until mask_fn)
     kv_len: int  # K: keys attended per row (host-known: max sequence length in the batch)
     # decode on CUDA: keys per row [B]; attention is then the Triton kernel that
     # reads the slot cache in place up to each row's length (runners/decode_attention.py)
@@ -72,6 +73,14 @@ class AttentionContext:
     # rows are permuted and from one run to the next, and spends ~2 ms of host
     # time per call when kv_len changes every step; so it is never used.
     deterministic: bool = False
+    # builds mask_gpu on first use (the default path's engine): the fused CUDA
+    # prefill attends causally without one, so it never pays for building it
+    mask_fn: Callable[[], torch.Tensor] | None = None
+
+    def _mask(self) -> torch.Tensor:
+        if self.mask_gpu is None and self.mask_fn is not None:
+            self.mask_gpu = self.mask_fn()
+        return self.mask_gpu
 
     def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         """q [B, H, T, D], k/v [B, KVH, T, D] -> [B, H, T, D]; stores k/v in the cache."""
@@ -117,7 +126,7 @@ class AttentionContext:
         """q [B, H, T, D] -> [B, KVH, rep * T, D] and the mask expanded to match."""
         b, h, t, d = q.shape
         rep = h // kvh
-        mask = self.mask_gpu.expand(b, 1, t, -1).repeat(1, 1, rep, 1)  # row r*T + i <- mask row i
+        mask = self._mask().expand(b, 1, t, -1).repeat(1, 1, rep, 1)  # row r*T + i <- mask row i
         return q.reshape(b, kvh, rep * t, d), mask
 
     def _blockwise(self, q: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor) -> torch.Tensor:

@@ -126,18 +126,21 @@ class Engine:
         )
 
     def _batch_attention(self, fb: ForwardBatch) -> AttentionContext:
-        """The default path's attention: the batch as it is, keys up to its longest row."""
-        lens = torch.tensor(fb.lengths_cpu)
+        """The default path's attention: the batch as it is, keys up to its longest row.
+        Its mask is built only if attention asks for it."""
         k = max(fb.lengths_cpu)
-        valid = torch.arange(k)[None, :] < lens[:, None]  # [B, K]: never onto a row's right padding
-        if fb.is_prefill:
-            ar = torch.arange(k)
-            mask = (ar[None, :, None] >= ar[None, None, :]) & valid[:, None, :]  # [B, T, K], causal
-        else:
-            mask = valid[:, None, :]  # [B, 1, K]
+
+        def mask() -> torch.Tensor:
+            valid = torch.arange(k)[None, :] < torch.tensor(fb.lengths_cpu)[:, None]  # [B, K]: never onto right padding
+            if fb.is_prefill:
+                ar = torch.arange(k)
+                m = (ar[None, :, None] >= ar[None, None, :]) & valid[:, None, :]  # [B, T, K], causal
+            else:
+                m = valid[:, None, :]  # [B, 1, K]
+            return m[:, None].to(self.device, non_blocking=True)
+
         return AttentionContext(kv=self.kv, is_prefill=fb.is_prefill, slots_gpu=fb.slots_gpu,
-                                positions_gpu=fb.positions_gpu, mask_gpu=mask[:, None].to(self.device, non_blocking=True),
-                                kv_len=k)
+                                positions_gpu=fb.positions_gpu, mask_gpu=None, kv_len=k, mask_fn=mask)
 
     def captures_graphs(self) -> bool:
         """Decode steps replay CUDA graphs (a ``post`` given to forward runs inside them)."""

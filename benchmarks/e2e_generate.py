@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import os
 import random
 import shutil
 import subprocess
@@ -120,6 +121,9 @@ def main() -> None:
         print(f"random checkpoint written in {time.perf_counter() - t0:.1f}s", flush=True)
         results = []
         for spec in args.runs:
+            # flush what was written before (the 10.8 GB checkpoint, the last run's files) to disk first,
+            # so a run's own file writes do not queue behind it
+            os.sync()
             batch, rows = (int(x) for x in spec.split(":"))
             results.append(run(root, rows, batch, args.frames, True, args.vary))
     print(f"{'batch':>5} {'rows':>5} {'first wav s':>12} {'wall s':>7} {'load s':>7} {'warm s':>7} {'audio s':>8} "

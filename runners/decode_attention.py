@@ -22,6 +22,9 @@ import torch
 import triton
 import triton.language as tl
 
+from runners.device import pdl_launch
+from runners.fused_ops import _wait_predecessor
+
 BLOCK_N = 64  # keys per loop iteration
 
 
@@ -31,7 +34,9 @@ def _decode_attention_kernel(
     stride_qb, stride_qh, stride_ob, stride_oh, stride_cs, stride_ch, stride_ct,
     scale,
     REP: tl.constexpr, REP_PAD: tl.constexpr, D: tl.constexpr, BLOCK: tl.constexpr, USE_DOT: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    _wait_predecessor(PDL)  # launched early (runners/device.py: pdl_launch)
     row = tl.program_id(0)
     kvh = tl.program_id(1)
     slot = tl.load(slots_ptr + row).to(tl.int64)  # int64: slot * stride_cs can pass 2^31
@@ -80,11 +85,13 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     rep = h // kvh
     assert q.stride(-1) == 1 and k_cache.is_contiguous() and v_cache.is_contiguous()
     out = torch.empty((b, 1, h, d), dtype=q.dtype, device=q.device).transpose(1, 2)  # o_proj reads [B, 1, H*D]
+    early = pdl_launch(q.device)
     _decode_attention_kernel[(b, kvh)](
         q, k_cache, v_cache, out, slots, lengths,
         q.stride(0), q.stride(1), out.stride(0), out.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         d ** -0.5,
         REP=rep, REP_PAD=max(16, triton.next_power_of_2(rep)), D=d, BLOCK=BLOCK_N, USE_DOT=d >= 16,
+        PDL=bool(early), **early,
     )
     return out

@@ -1,4 +1,4 @@
-"""The few device objects whose CUDA and CPU versions differ: events, host staging, the loop's stream.
+"""The few device objects whose CUDA and CPU versions differ: events, host staging, the loop's stream, early launch.
 
 On the CPU every operation has finished when it returns, so an event is
 complete as soon as it is recorded, and host staging needs no pinning. The
@@ -73,3 +73,25 @@ def priority_stream(device: torch.device):
             yield
     finally:
         outer.wait_stream(stream)
+
+
+# Programmatic dependent launch (benchmarks/gemv_probe.py and step_pdl.py turn it off to measure it)
+PDL = True
+
+
+def pdl_launch(device: torch.device) -> dict:
+    """Launch options of a Triton kernel that may start before its predecessor ends.
+
+    With programmatic dependent launch (Hopper on) the next kernel's programs
+    start once every program of the current one is running (each calls
+    ``gdc_launch_dependents`` first), run up to their ``gdc_wait`` and block
+    there until the predecessor has finished and its writes are visible. So
+    launch latency and the next kernel's weight loads overlap the current
+    kernel's tail: at batch 1, where a step is ~190 short kernels in a row,
+    this is a real share of the step. Hazard: a kernel launched so must wait
+    before its first read of anything a predecessor writes and before its
+    first write; only weight reads may go ahead of the wait. Returns {} where
+    there is no such launch (the CPU, older GPUs, PDL off): the kernels' waits
+    are then compiled out."""
+    ok = PDL and device.type == "cuda" and torch.cuda.get_device_capability(device)[0] >= 9
+    return {"launch_pdl": True} if ok else {}

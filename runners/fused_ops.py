@@ -12,6 +12,8 @@ the norm run in float32), in one pass each:
   silu_mul        silu(gate) * up from a fused gate_up row
   snake           the codec's Snake activation (runners/higgs_audio_v2/codec.py),
                   optionally zero past each row's length (its padded batches)
+The decode step's kernels among them launch early where the GPU can
+(runners/device.py: pdl_launch): they wait for their predecessor first thing.
 The CPU keeps the PyTorch forward.
 """
 
@@ -21,10 +23,21 @@ import torch
 import triton
 import triton.language as tl
 
+from runners.device import pdl_launch
+
+
+@triton.jit
+def _wait_predecessor(PDL: tl.constexpr):
+    # an early-launched kernel: let the next one launch, then wait until this one's inputs are written
+    if PDL:
+        tl.extra.cuda.gdc_launch_dependents()
+        tl.extra.cuda.gdc_wait()
+
 
 @triton.jit
 def _add_rmsnorm_kernel(x_ptr, delta_ptr, w_ptr, x_out_ptr, h_out_ptr, n, eps,
-                        HAS_DELTA: tl.constexpr, BLOCK: tl.constexpr):
+                        HAS_DELTA: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr):
+    _wait_predecessor(PDL)
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     ok = cols < n
@@ -44,15 +57,18 @@ def add_rmsnorm(x: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tenso
     x = x.contiguous()
     h = torch.empty_like(x)
     x_out = torch.empty_like(x) if delta is not None else x
+    early = pdl_launch(x.device)
     _add_rmsnorm_kernel[(x.numel() // n,)](x, delta.contiguous() if delta is not None else x, weight, x_out, h, n, eps,
-                                           HAS_DELTA=delta is not None, BLOCK=triton.next_power_of_2(n))
+                                           HAS_DELTA=delta is not None, BLOCK=triton.next_power_of_2(n),
+                                           PDL=bool(early), **early)
     return x_out, h
 
 
 @triton.jit
 def _rope_kv_write_kernel(qkv_ptr, cos_ptr, sin_ptr, pos_ptr, slots_ptr, q_out_ptr, k_cache_ptr, v_cache_ptr,
                           stride_cs, stride_ch, stride_ct,
-                          H: tl.constexpr, KVH: tl.constexpr, D: tl.constexpr):
+                          H: tl.constexpr, KVH: tl.constexpr, D: tl.constexpr, PDL: tl.constexpr):
+    _wait_predecessor(PDL)
     row = tl.program_id(0).to(tl.int64)
     head = tl.program_id(1)  # 0..H-1 query heads, H..H+KVH-1 key heads, then value heads
     half = tl.arange(0, D // 2)
@@ -95,9 +111,10 @@ def rope_kv_write(qkv: torch.Tensor, cos_table: torch.Tensor, sin_table: torch.T
     b = qkv.shape[0]
     d = cos_table.shape[1]
     q = torch.empty((b, 1, n_heads, d), dtype=qkv.dtype, device=qkv.device)
+    early = pdl_launch(qkv.device)
     _rope_kv_write_kernel[(b, n_heads + 2 * n_kv)](
         qkv.contiguous(), cos_table, sin_table, positions, slots, q, k_cache, v_cache,
-        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), H=n_heads, KVH=n_kv, D=d)
+        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), H=n_heads, KVH=n_kv, D=d, PDL=bool(early), **early)
     return q.transpose(1, 2)
 
 

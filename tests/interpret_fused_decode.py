@@ -7,7 +7,11 @@ the decode-attention kernel (prefill: causal SDPA over the keys the fused
 path wrote to the cache); the original through the plain modules with
 PyTorch attention. Three rows of different lengths, one with audio-position
 tokens among its text (the dual FFN routes per token), prefill then decode
-steps through the padded (uncaptured) graph path; logits must agree in float32.
+steps through the padded (uncaptured) graph path with the fused GEMMs, and
+the second row fed alone through the one-row GEMVs (runners/fused_gemv.py);
+logits must agree in float32. The GEMV kernels alone, with each fused
+neighbour, against their unfused composition at sizes that are no multiple
+of their tiles.
 Also the codec's fused Snake activation against transformers' Snake1d, and
 its masked form (zero past each row's length) against Snake1d then zeros,
 and the tiny codec's masked batch decode through it against the plain one.
@@ -53,6 +57,8 @@ def main() -> int:
     assert fused.fused
     e_fused = engine(fused)
     assert e_fused.graphs.kernel and not e_plain.graphs.kernel
+    e_gemv = engine(copy.deepcopy(fused))  # fed row 1 alone: the one-row GEMV path
+    assert fused._gemv_rows(1) and not fused._gemv_rows(2)
 
     g = torch.Generator().manual_seed(1)
     lens, slots = [5, 9, 3], torch.tensor([2, 0, 3])
@@ -72,10 +78,71 @@ def main() -> int:
                       model_inputs={"audio_codes": codes})
         out = [e.forward(ForwardBatch(rids=["a", "b", "c"], slots_gpu=slots, steps_cpu=[step] * 3,
                                       steps_gpu=torch.full((3,), step), **fb)) for e in (e_plain, e_fused)]
-        err = ((out[1] - out[0]).abs().max() / out[0].abs().max()).item()
-        worst = max(worst, err)
-    print(f"max relative logit difference {worst:.2e}")
-    return 0 if worst < 1e-5 and _snake_matches() and _masked_codec_matches() else 1
+        one = {**fb, "lengths_cpu": fb["lengths_cpu"][1:2], "positions_gpu": fb["positions_gpu"][1:2],
+               "model_inputs": {name: v[1:2] for name, v in fb["model_inputs"].items()}}
+        out.append(e_gemv.forward(ForwardBatch(rids=["b"], slots_gpu=slots[1:2], steps_cpu=[step],
+                                               steps_gpu=torch.full((1,), step), **one)))
+        for got, want in ((out[1], out[0]), (out[2], out[0][1:2])):
+            worst = max(worst, ((got - want).abs().max() / want.abs().max()).item())
+    print(f"max relative logit difference (fused GEMMs, GEMVs) {worst:.2e}")
+    return 0 if worst < 3e-6 and _gemv_matches() and _snake_matches() and _masked_codec_matches() else 1
+
+
+def _gemv_matches() -> bool:
+    """gemv with each of its fused neighbours against PyTorch (float32), at the shipped tile and at
+    one that loops over k."""
+    import torch.nn.functional as F
+
+    from runners.fused_gemv import gemv
+    from runners.higgs_audio_v2.model import RMSNorm
+
+    g = torch.Generator().manual_seed(4)
+    n, k = 37, 100  # no multiple of the tiles' 8 rows and 32..1024 columns
+    x, res = torch.randn(1, k, generator=g), torch.randn(1, n, generator=g)
+    w, w2 = torch.randn(n, k, generator=g), torch.randn(2 * n, k, generator=g)
+    norm = RMSNorm(k, 1e-5)
+    with torch.no_grad():
+        norm.weight.copy_(torch.rand(k, generator=g) + 0.5)
+    h = norm(x).detach()
+    nw = (norm.weight.detach(), 1e-5)
+    cases = {
+        "plain": (lambda t: gemv(x, w, tile=t), F.linear(x, w)),
+        "norm": (lambda t: gemv(x, w, norm=nw, tile=t), F.linear(h, w)),
+        "residual": (lambda t: gemv(x, w, residual=res, tile=t), res + F.linear(x, w)),
+        "norm, silu * up": (lambda t: gemv(x, w2, norm=nw, silu_mul=True, tile=t),
+                            F.silu(F.linear(h, w2[:n])) * F.linear(h, w2[n:])),
+    }
+    worst = 0.0
+    for name, (run, want) in cases.items():
+        for tile in (None, (8, 32, 4)):
+            got = run(tile)
+            assert got.shape == want.shape, name
+            worst = max(worst, ((got - want).abs().max() / want.abs().max()).item())
+    print(f"gemv against PyTorch: max relative difference {worst:.2e}")
+    return worst < 1e-5 and _qkv_rope_matches()
+
+
+def _qkv_rope_matches() -> bool:
+    """qkv_rope against gemv (norm) then rope_kv_write: the same q and the same cache writes."""
+    from runners.fused_gemv import gemv, qkv_rope
+    from runners.fused_ops import rope_kv_write
+
+    g = torch.Generator().manual_seed(5)
+    h, kvh, d, k, length = 6, 2, 16, 100, 20
+    x, w = torch.randn(1, k, generator=g), torch.randn((h + 2 * kvh) * d, k, generator=g)
+    nw = (torch.rand(k, generator=g) + 0.5, 1e-5)
+    ang = torch.rand(length, d, generator=g) * 6
+    pos, slot = torch.tensor([13]), torch.tensor([2])
+    base = [torch.randn(4, kvh, length, d, generator=g) for _ in range(2)]  # k and v caches
+    caches = [[c.clone() for c in base] for _ in range(2)]  # for the reference, for qkv_rope
+    want = rope_kv_write(gemv(x, w, norm=nw), ang.cos(), ang.sin(), pos, slot, *caches[0], h, kvh)
+    worst = 0.0
+    for tile in (None, (4, 32, 4)):
+        got = qkv_rope(x, w, nw, ang.cos(), ang.sin(), pos, slot, *caches[1], h, kvh, tile=tile)
+        for a, b in ((got, want), *zip(caches[1], caches[0])):
+            worst = max(worst, ((a - b).abs().max() / b.abs().max()).item())
+    print(f"qkv_rope against gemv then rope_kv_write: max relative difference {worst:.2e}")
+    return worst < 1e-5
 
 
 def _masked_codec_matches() -> bool:

@@ -13,8 +13,11 @@ On CUDA with Triton, decode and (outside deterministic mode) prefill run a
 fused path (``_decode_fused``, ``_prefill_fused``): q/k/v and gate/up are one
 GEMM each (the modules' weights become views of one fused tensor, so no
 memory is added), and norms, rotary embedding with the KV write, and
-silu-times-up are single kernels (runners/fused_ops.py). The CPU and
-deterministic prefill run the plain modules.
+silu-times-up are single kernels (runners/fused_ops.py). A decode step of a
+single row goes further: its projections are GEMVs with the norms, residual
+adds, rope with the KV write and silu-times-up inside them, five kernels a
+layer (runners/fused_gemv.py). The CPU and deterministic prefill run the plain
+modules.
 
 Prefill routes each token to its layer's text or audio norms and MLP by
 index lists that are read to the host once per forward (``TokenSplit``): a
@@ -230,6 +233,22 @@ class DecoderLayer(nn.Module):
         x, h = add_rmsnorm(x, self.self_attn.decode_fused(h, rope_cos, rope_sin, ctx), n2.weight, n2.eps)
         return x, self.audio_mlp.forward_fused(h)
 
+    def decode_gemv(self, x, rope_cos, rope_sin, ctx) -> torch.Tensor:
+        """decode_fused's arithmetic for one row in five kernels (runners/fused_gemv.py):
+        x [1, hidden] the residual in -> the residual out."""
+        from runners.decode_attention import decode_attention
+        from runners.fused_gemv import gemv, qkv_rope
+
+        a, mlp = self.self_attn, self.audio_mlp
+        n1, n2 = self.audio_input_layernorm, self.audio_post_attention_layernorm
+        kc, vc = ctx.kv.k_gpu[a.layer], ctx.kv.v_gpu[a.layer]
+        q = qkv_rope(x, a.qkv_weight, (n1.weight, n1.eps), rope_cos, rope_sin, ctx.positions_gpu[:, 0], ctx.slots_gpu,
+                     kc, vc, a.n_heads, a.n_kv)
+        attn = decode_attention(q, kc, vc, ctx.slots_gpu, ctx.lengths_gpu)  # [1, H, 1, D], contiguous
+        x = gemv(attn.reshape(1, -1), a.o_proj.weight, residual=x)
+        h = gemv(x, mlp.gate_up_weight, norm=(n2.weight, n2.eps), silu_mul=True)
+        return gemv(h, mlp.down_proj.weight, residual=x)
+
     def prefill_fused(self, x, delta, rope_cos, rope_sin, positions, slots, ctx, split: TokenSplit, b: int):
         """decode_fused's prefill twin over flattened tokens x [B * T, hidden], each token
         on its text or audio norms and MLP."""
@@ -335,16 +354,32 @@ class HiggsAudioV2LM(nn.Module):
         norm = self.model.norm
         return add_rmsnorm(x, delta, norm.weight, norm.eps)[1].view(b, t, n)
 
+    def _gemv_rows(self, rows: int) -> bool:
+        """Whether a forward of this many rows takes the GEMV kernels (which have no bias)."""
+        if not self.fused or self.cfg.attention_bias:
+            return False  # and Triton may be missing: no import
+        from runners.fused_gemv import MAX_ROWS
+
+        return rows <= MAX_ROWS
+
     def _decode_fused(self, x: torch.Tensor, ctx: AttentionContext) -> torch.Tensor:
         """x [B, 1, hidden] audio embeddings -> final hidden [B, 1, hidden] (CUDA decode)."""
         from runners.fused_ops import add_rmsnorm
 
         x, delta = x[:, 0], None
-        for layer in self.model.layers:
-            x, delta = layer.decode_fused(x, delta, self.rope_cos, self.rope_sin, ctx)
+        if self._gemv_rows(x.shape[0]):
+            for layer in self.model.layers:
+                x = layer.decode_gemv(x, self.rope_cos, self.rope_sin, ctx)
+        else:
+            for layer in self.model.layers:
+                x, delta = layer.decode_fused(x, delta, self.rope_cos, self.rope_sin, ctx)
         norm = self.model.norm
         return add_rmsnorm(x, delta, norm.weight, norm.eps)[1][:, None]
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """hidden [B, H] -> float32 logits [B, C * codebook_size]."""
+        """hidden [B, H] -> float32 logits [B, C * codebook_size] (bf16-rounded where the weights are bf16)."""
+        if self._gemv_rows(hidden.shape[0]):
+            from runners.fused_gemv import gemv
+
+            return gemv(hidden, self.audio_lm_head.weight, out_dtype=torch.float32)
         return self.audio_lm_head(hidden).float()

@@ -1,0 +1,71 @@
+"""The batch-1 decode step three ways at the Higgs Audio v2 3B shape (random bf16 weights).
+
+  gemm      the fused path's cuBLAS GEMMs with separate norm and silu·up kernels
+  gemv      runners/fused_gemv.py: six kernels a layer, launched one after another
+  gemv+pdl  the same with early launch (runners/device.py: pdl_launch)
+  (--tiles adds gemv+pdl at other GEMV tiles)
+
+For each batch and variant: the graphed decode forward alone (ms), and the
+whole decode step through the scheduler loop (async, median ms; 64-token
+prompts, 64 frames). Prints a table and writes JSON; it decides nothing by
+itself (runners/fused_gemv.py: MAX_ROWS and runners/device.py: PDL do).
+
+  python benchmarks/gemv_step.py --tiles 16x512x8 --out gemv_step.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import runners.device as device_mod  # noqa: E402
+import runners.fused_gemv as fused_gemv  # noqa: E402
+from benchmarks.step_profile import _decode_batch, _time_ms  # noqa: E402
+from omni_cli.bench import random_model, run_requests  # noqa: E402
+from runners.attention import KVCache  # noqa: E402
+from runners.engine import Engine  # noqa: E402
+
+VARIANTS = {"gemm": (0, False, None), "gemv": (1, False, None), "gemv+pdl": (1, True, None)}  # MAX_ROWS, PDL, TILE
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--batch", type=int, nargs="+", default=[1])
+    ap.add_argument("--tiles", nargs="*", default=[], help="more GEMV tiles, e.g. 16x512x8")
+    ap.add_argument("--kv-len", type=int, default=164, help="keys per row in the timed forward")
+    ap.add_argument("--max-seq-len", type=int, default=256)
+    ap.add_argument("--out", type=Path, default=Path("gemv_step.json"))
+    args = ap.parse_args()
+    device = torch.device("cuda")
+    ref, model, codec = random_model("higgs-audio-v2-3b", torch.bfloat16, device, args.max_seq_len)
+    del ref
+    cfg = model.cfg
+    variants = {**VARIANTS, **{f"gemv+pdl {t}": (1, True, tuple(map(int, t.split("x")))) for t in args.tiles}}
+    shipped_tile = fused_gemv.TILE
+    rows = []
+    for b in args.batch:
+        for name, (max_rows, pdl, tile) in variants.items():
+            fused_gemv.MAX_ROWS, device_mod.PDL, fused_gemv.TILE = max_rows, pdl, tile or shipped_tile
+            step = run_requests(model, codec, b, b, 64, 64, args.max_seq_len, True, device).ms_per_step
+            kv = KVCache(cfg.num_hidden_layers, b + 1, cfg.num_key_value_heads, args.max_seq_len, cfg.head_dim,
+                         torch.bfloat16, device)
+            engine = Engine(model, kv, device)
+            engine.use_graphs()
+            fb = _decode_batch(engine, b, args.kv_len, cfg.num_codebooks)
+            fwd = _time_ms(lambda: engine.forward(fb), 100)
+            rows.append({"batch": b, "variant": name, "step_ms": step, "graph_forward_ms": fwd})
+            print(f"batch {b:>3} {name:<20} step {step:6.3f} ms  graphed forward {fwd:6.3f} ms", flush=True)
+            del engine, kv
+            torch.cuda.empty_cache()
+    args.out.write_text(json.dumps({"device": torch.cuda.get_device_name(), "torch": torch.__version__,
+                                    "kv_len": args.kv_len, "rows": rows}, indent=2))
+
+
+if __name__ == "__main__":
+    main()

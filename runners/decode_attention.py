@@ -85,7 +85,7 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     rep = h // kvh
     assert q.stride(-1) == 1 and k_cache.is_contiguous() and v_cache.is_contiguous()
     out = torch.empty((b, 1, h, d), dtype=q.dtype, device=q.device).transpose(1, 2)  # o_proj reads [B, 1, H*D]
-    early = pdl_launch(q.device)
+    early = pdl_launch(q.device, b)
     _decode_attention_kernel[(b, kvh)](
         q, k_cache, v_cache, out, slots, lengths,
         q.stride(0), q.stride(1), out.stride(0), out.stride(1),

@@ -75,12 +75,17 @@ def priority_stream(device: torch.device):
         outer.wait_stream(stream)
 
 
-# Programmatic dependent launch (benchmarks/gemv_probe.py and step_pdl.py turn it off to measure it)
+# Programmatic dependent launch (benchmarks/gemv_probe.py and gemv_step.py turn it off to measure it)
 PDL = True
+# Only the one-row step launches early: there it saved 0.07 ms of 2.22 a step, while at 64 and
+# 256 rows, where the norm, rope and attention kernels sit between cuBLAS GEMMs, it cost 0.8%
+# and 3.6% of a step (benchmarks/gemv_step.py on an H200, BENCHMARKS.md)
+PDL_MAX_ROWS = 1
 
 
-def pdl_launch(device: torch.device) -> dict:
-    """Launch options of a Triton kernel that may start before its predecessor ends.
+def pdl_launch(device: torch.device, rows: int) -> dict:
+    """Launch options of a Triton kernel over `rows` batch rows that may start before its
+    predecessor ends.
 
     With programmatic dependent launch (Hopper on) the next kernel's programs
     start once every program of the current one is running (each calls
@@ -91,7 +96,7 @@ def pdl_launch(device: torch.device) -> dict:
     this is a real share of the step. Hazard: a kernel launched so must wait
     before its first read of anything a predecessor writes and before its
     first write; only weight reads may go ahead of the wait. Returns {} where
-    there is no such launch (the CPU, older GPUs, PDL off): the kernels' waits
-    are then compiled out."""
-    ok = PDL and device.type == "cuda" and torch.cuda.get_device_capability(device)[0] >= 9
+    there is no such launch (the CPU, older GPUs, PDL off, wider batches): the
+    kernels' waits are then compiled out."""
+    ok = PDL and rows <= PDL_MAX_ROWS and device.type == "cuda" and torch.cuda.get_device_capability(device)[0] >= 9
     return {"launch_pdl": True} if ok else {}

@@ -162,7 +162,7 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, *, norm: tuple[torch.Tensor, flo
     n = weight.shape[0] // (2 if silu_mul else 1)
     y = torch.empty((1, n), dtype=out_dtype or x.dtype, device=x.device)
     block_n, block_k, warps = _tile(tile, k)
-    early = pdl_launch(x.device)
+    early = pdl_launch(x.device, 1)
     _gemv_kernel[(triton.cdiv(n, block_n),)](
         x.contiguous(), weight, norm[0] if norm else x, residual if residual is not None else x, y,
         n, k, norm[1] if norm else 0.0,
@@ -184,7 +184,7 @@ def qkv_rope(x: torch.Tensor, weight: torch.Tensor, norm: tuple[torch.Tensor, fl
     block_n, block_k, warps = _tile(tile, k)
     assert (d // 2) % block_n == 0, "a program's dims stay within one head"
     q = torch.empty((1, 1, n_heads, d), dtype=x.dtype, device=x.device)
-    early = pdl_launch(x.device)
+    early = pdl_launch(x.device, 1)
     _qkv_rope_kernel[((n_heads + 2 * n_kv) * (d // 2 // block_n),)](
         x.contiguous(), weight, norm[0], cos_table, sin_table, positions, slots, q, k_cache, v_cache,
         k, norm[1], k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), H=n_heads, KVH=n_kv, D=d,

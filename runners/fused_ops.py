@@ -12,8 +12,8 @@ the norm run in float32), in one pass each:
   silu_mul        silu(gate) * up from a fused gate_up row
   snake           the codec's Snake activation (runners/higgs_audio_v2/codec.py),
                   optionally zero past each row's length (its padded batches)
-The decode step's kernels among them launch early where the GPU can
-(runners/device.py: pdl_launch): they wait for their predecessor first thing.
+In a one-row decode step the kernels among them launch early where the GPU
+can (runners/device.py: pdl_launch): they wait for their predecessor first thing.
 The CPU keeps the PyTorch forward.
 """
 
@@ -57,7 +57,7 @@ def add_rmsnorm(x: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tenso
     x = x.contiguous()
     h = torch.empty_like(x)
     x_out = torch.empty_like(x) if delta is not None else x
-    early = pdl_launch(x.device)
+    early = pdl_launch(x.device, x.numel() // n)
     _add_rmsnorm_kernel[(x.numel() // n,)](x, delta.contiguous() if delta is not None else x, weight, x_out, h, n, eps,
                                            HAS_DELTA=delta is not None, BLOCK=triton.next_power_of_2(n),
                                            PDL=bool(early), **early)
@@ -111,7 +111,7 @@ def rope_kv_write(qkv: torch.Tensor, cos_table: torch.Tensor, sin_table: torch.T
     b = qkv.shape[0]
     d = cos_table.shape[1]
     q = torch.empty((b, 1, n_heads, d), dtype=qkv.dtype, device=qkv.device)
-    early = pdl_launch(qkv.device)
+    early = pdl_launch(qkv.device, b)
     _rope_kv_write_kernel[(b, n_heads + 2 * n_kv)](
         qkv.contiguous(), cos_table, sin_table, positions, slots, q, k_cache, v_cache,
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), H=n_heads, KVH=n_kv, D=d, PDL=bool(early), **early)

@@ -3,14 +3,15 @@
   gemm      the fused path's cuBLAS GEMMs with separate norm and silu·up kernels
   gemv      runners/fused_gemv.py: six kernels a layer, launched one after another
   gemv+pdl  the same with early launch (runners/device.py: pdl_launch)
-  (--tiles adds gemv+pdl at other GEMV tiles)
+  (--tiles / --paired-tiles add gemv+pdl at other tiles of the one-matrix GEMVs
+   / of the two-tile ones: runners/fused_gemv.py TILE / PAIRED_TILE)
 
 For each batch and variant: the graphed decode forward alone (ms), and the
 whole decode step through the scheduler loop (async, median ms; 64-token
 prompts, 64 frames). Prints a table and writes JSON; it decides nothing by
 itself (runners/fused_gemv.py: MAX_ROWS and runners/device.py: PDL do).
 
-  python benchmarks/gemv_step.py --tiles 16x512x8 --out gemv_step.json
+  python benchmarks/gemv_step.py --tiles 8x1024x4 --paired-tiles 4x512x4 --out gemv_step.json
 """
 
 from __future__ import annotations
@@ -31,13 +32,15 @@ from omni_cli.bench import random_model, run_requests  # noqa: E402
 from runners.attention import KVCache  # noqa: E402
 from runners.engine import Engine  # noqa: E402
 
-VARIANTS = {"gemm": (0, False, None), "gemv": (1, False, None), "gemv+pdl": (1, True, None)}  # MAX_ROWS, PDL, TILE
+# MAX_ROWS, PDL, TILE, PAIRED_TILE (None: the shipped one)
+VARIANTS = {"gemm": (0, False, None, None), "gemv": (1, False, None, None), "gemv+pdl": (1, True, None, None)}
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--batch", type=int, nargs="+", default=[1])
-    ap.add_argument("--tiles", nargs="*", default=[], help="more GEMV tiles, e.g. 16x512x8")
+    ap.add_argument("--tiles", nargs="*", default=[], help="more one-matrix GEMV tiles, e.g. 8x1024x4")
+    ap.add_argument("--paired-tiles", nargs="*", default=[], help="more two-tile GEMV tiles, e.g. 4x512x4")
     ap.add_argument("--kv-len", type=int, default=164, help="keys per row in the timed forward")
     ap.add_argument("--max-seq-len", type=int, default=256)
     ap.add_argument("--out", type=Path, default=Path("gemv_step.json"))
@@ -46,12 +49,15 @@ def main() -> None:
     ref, model, codec = random_model("higgs-audio-v2-3b", torch.bfloat16, device, args.max_seq_len)
     del ref
     cfg = model.cfg
-    variants = {**VARIANTS, **{f"gemv+pdl {t}": (1, True, tuple(map(int, t.split("x")))) for t in args.tiles}}
-    shipped_tile = fused_gemv.TILE
+    tile = lambda t: tuple(map(int, t.split("x")))  # noqa: E731
+    variants = {**VARIANTS, **{f"gemv+pdl tile {t}": (1, True, tile(t), None) for t in args.tiles},
+                **{f"gemv+pdl paired {t}": (1, True, None, tile(t)) for t in args.paired_tiles}}
+    shipped = fused_gemv.TILE, fused_gemv.PAIRED_TILE
     rows = []
     for b in args.batch:
-        for name, (max_rows, pdl, tile) in variants.items():
-            fused_gemv.MAX_ROWS, device_mod.PDL, fused_gemv.TILE = max_rows, pdl, tile or shipped_tile
+        for name, (max_rows, pdl, one, paired) in variants.items():
+            fused_gemv.MAX_ROWS, device_mod.PDL = max_rows, pdl
+            fused_gemv.TILE, fused_gemv.PAIRED_TILE = one or shipped[0], paired or shipped[1]
             step = run_requests(model, codec, b, b, 64, 64, args.max_seq_len, True, device).ms_per_step
             kv = KVCache(cfg.num_hidden_layers, b + 1, cfg.num_key_value_heads, args.max_seq_len, cfg.head_dim,
                          torch.bfloat16, device)
@@ -60,7 +66,7 @@ def main() -> None:
             fb = _decode_batch(engine, b, args.kv_len, cfg.num_codebooks)
             fwd = _time_ms(lambda: engine.forward(fb), 100)
             rows.append({"batch": b, "variant": name, "step_ms": step, "graph_forward_ms": fwd})
-            print(f"batch {b:>3} {name:<20} step {step:6.3f} ms  graphed forward {fwd:6.3f} ms", flush=True)
+            print(f"batch {b:>3} {name:<26} step {step:6.3f} ms  graphed forward {fwd:6.3f} ms", flush=True)
             del engine, kv
             torch.cuda.empty_cache()
     args.out.write_text(json.dumps({"device": torch.cuda.get_device_name(), "torch": torch.__version__,

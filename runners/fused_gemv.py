@@ -33,7 +33,10 @@ import triton.language as tl
 from runners.device import pdl_launch
 
 MAX_ROWS = 1  # the widest decode step that takes these kernels (cuBLAS above; benchmarks/gemv_step.py)
-TILE = (4, 1024, 4)  # rows of the weight, columns, warps per program (benchmarks/gemv_probe.py, gemv_step.py)
+# per program: rows of the weight, columns, warps (benchmarks/gemv_probe.py, gemv_step.py); PAIRED_TILE
+# for the kernels that read two tiles a step (gate and up; the two halves of a head)
+TILE = (4, 1024, 4)
+PAIRED_TILE = (4, 512, 4)
 
 
 @triton.jit
@@ -144,7 +147,7 @@ def _qkv_rope_kernel(x_ptr, w_ptr, g_ptr, cos_ptr, sin_ptr, pos_ptr, slot_ptr, q
 
 
 def _tile(tile, k: int) -> tuple[int, int, int]:
-    block_n, block_k, warps = tile or TILE
+    block_n, block_k, warps = tile
     return block_n, max(16, min(block_k, triton.next_power_of_2(k))), warps
 
 
@@ -156,12 +159,12 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, *, norm: tuple[torch.Tensor, flo
       norm (g, eps): the input is rmsnorm(x) * g instead of x
       residual [1, n]: returns residual + x @ weight.T
       silu_mul: weight is [2n, k], gate rows then up rows; returns silu(gate) * up [1, n]
-      tile (rows of w, columns, warps) per program: TILE unless a probe sweeps it"""
+      tile (rows of w, columns, warps) per program: TILE (PAIRED_TILE with silu_mul) unless a probe sweeps it"""
     assert x.shape[0] == 1, "one row: wider batches take cuBLAS"
     k = x.shape[1]
     n = weight.shape[0] // (2 if silu_mul else 1)
     y = torch.empty((1, n), dtype=out_dtype or x.dtype, device=x.device)
-    block_n, block_k, warps = _tile(tile, k)
+    block_n, block_k, warps = _tile(tile or (PAIRED_TILE if silu_mul else TILE), k)
     early = pdl_launch(x.device, 1)
     _gemv_kernel[(triton.cdiv(n, block_n),)](
         x.contiguous(), weight, norm[0] if norm else x, residual if residual is not None else x, y,
@@ -181,7 +184,7 @@ def qkv_rope(x: torch.Tensor, weight: torch.Tensor, norm: tuple[torch.Tensor, fl
     [S, KVH, L, D]. Writes k (rotated) and v at [slot, :, position]; returns rotated q [1, H, 1, D]."""
     assert x.shape[0] == 1, "one row: wider batches take cuBLAS"
     d, k = cos_table.shape[1], x.shape[1]
-    block_n, block_k, warps = _tile(tile, k)
+    block_n, block_k, warps = _tile(tile or PAIRED_TILE, k)
     assert (d // 2) % block_n == 0, "a program's dims stay within one head"
     q = torch.empty((1, 1, n_heads, d), dtype=x.dtype, device=x.device)
     early = pdl_launch(x.device, 1)

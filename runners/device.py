@@ -92,7 +92,7 @@ def pdl_launch(device: torch.device, rows: int) -> dict:
     ``gdc_launch_dependents`` first), run up to their ``gdc_wait`` and block
     there until the predecessor has finished and its writes are visible. So
     launch latency and the next kernel's weight loads overlap the current
-    kernel's tail: at batch 1, where a step is ~190 short kernels in a row,
+    kernel's tail: at batch 1, where a step is ~150 short kernels in a row,
     this is a real share of the step. Hazard: a kernel launched so must wait
     before its first read of anything a predecessor writes and before its
     first write; only weight reads may go ahead of the wait. Returns {} where

@@ -1,4 +1,4 @@
-"""The CUDA decode kernels (attention, fused norm/rope/silu path, the draw), checked on the CPU in Triton's interpreter."""
+"""The CUDA decode kernels (attention, fused norm/rope/silu path, batch-1 GEMVs, the draw), checked on the CPU in Triton's interpreter."""
 
 from __future__ import annotations
 

@@ -31,6 +31,7 @@ import triton
 import triton.language as tl
 
 from runners.device import pdl_launch
+from runners.fused_ops import _rope_store
 
 MAX_ROWS = 1  # the widest decode step that takes these kernels (cuBLAS above; benchmarks/gemv_step.py)
 # per program: rows of the weight, columns, warps (benchmarks/gemv_probe.py, gemv_step.py); PAIRED_TILE
@@ -123,27 +124,9 @@ def _qkv_rope_kernel(x_ptr, w_ptr, g_ptr, cos_ptr, sin_ptr, pos_ptr, slot_ptr, q
     a1, a2 = _dots(x_ptr, g_ptr, w_rows, w_rows + (D // 2) * k, half < D // 2, k, eps,
                    BLOCK_K, K_POW2, True, True, PDL)
     dt = x_ptr.dtype.element_ty
-    x1, x2 = a1.to(dt), a2.to(dt)  # F.linear's rounding
-    pos = tl.load(pos_ptr)
-    kv_head = head - H - KVH * (head >= H + KVH)
-    dst = tl.load(slot_ptr).to(tl.int64) * stride_cs + kv_head.to(tl.int64) * stride_ch + pos * stride_ct
-    if head >= H + KVH:  # value: stored as it is
-        tl.store(v_cache_ptr + dst + half, x1)
-        tl.store(v_cache_ptr + dst + D // 2 + half, x2)
-    else:  # rope_kv_write's arithmetic (runners/fused_ops.py)
-        c1 = tl.load(cos_ptr + pos * D + half).to(dt).to(tl.float32)
-        c2 = tl.load(cos_ptr + pos * D + D // 2 + half).to(dt).to(tl.float32)
-        s1 = tl.load(sin_ptr + pos * D + half).to(dt).to(tl.float32)
-        s2 = tl.load(sin_ptr + pos * D + D // 2 + half).to(dt).to(tl.float32)
-        f1, f2 = x1.to(tl.float32), x2.to(tl.float32)
-        o1 = ((f1 * c1).to(dt).to(tl.float32) + (-f2 * s1).to(dt).to(tl.float32)).to(dt)
-        o2 = ((f2 * c2).to(dt).to(tl.float32) + (f1 * s2).to(dt).to(tl.float32)).to(dt)
-        if head < H:
-            tl.store(q_ptr + head * D + half, o1)
-            tl.store(q_ptr + head * D + D // 2 + half, o2)
-        else:
-            tl.store(k_cache_ptr + dst + half, o1)
-            tl.store(k_cache_ptr + dst + D // 2 + half, o2)
+    x1, x2 = a1.to(dt), a2.to(dt)  # F.linear's rounding, then rope_kv_write's arithmetic
+    _rope_store(x1, x2, half, head, tl.load(pos_ptr), tl.load(slot_ptr).to(tl.int64), cos_ptr, sin_ptr,
+                q_ptr + head * D, k_cache_ptr, v_cache_ptr, stride_cs, stride_ch, stride_ct, H, KVH, D)
 
 
 def _tile(tile, k: int) -> tuple[int, int, int]:

@@ -65,18 +65,10 @@ def add_rmsnorm(x: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tenso
 
 
 @triton.jit
-def _rope_kv_write_kernel(qkv_ptr, cos_ptr, sin_ptr, pos_ptr, slots_ptr, q_out_ptr, k_cache_ptr, v_cache_ptr,
-                          stride_cs, stride_ch, stride_ct,
-                          H: tl.constexpr, KVH: tl.constexpr, D: tl.constexpr, PDL: tl.constexpr):
-    _wait_predecessor(PDL)
-    row = tl.program_id(0).to(tl.int64)
-    head = tl.program_id(1)  # 0..H-1 query heads, H..H+KVH-1 key heads, then value heads
-    half = tl.arange(0, D // 2)
-    src = qkv_ptr + row * (H + 2 * KVH) * D + head * D
-    x1 = tl.load(src + half)
-    x2 = tl.load(src + D // 2 + half)
-    pos = tl.load(pos_ptr + row)
-    slot = tl.load(slots_ptr + row).to(tl.int64)
+def _rope_store(x1, x2, half, head, pos, slot, cos_ptr, sin_ptr, q_dst, k_cache_ptr, v_cache_ptr,
+                stride_cs, stride_ch, stride_ct, H: tl.constexpr, KVH: tl.constexpr, D: tl.constexpr):
+    # one head of a qkv row, its dims `half` (x1) and D/2 + half (x2): a query head rotated
+    # to q_dst, a key head rotated into the cache at [slot, kv head, pos], a value head as it is
     kv_head = head - H - KVH * (head >= H + KVH)
     dst = slot * stride_cs + kv_head.to(tl.int64) * stride_ch + pos * stride_ct
     if head >= H + KVH:  # value: stored as it is
@@ -94,12 +86,25 @@ def _rope_kv_write_kernel(qkv_ptr, cos_ptr, sin_ptr, pos_ptr, slots_ptr, q_out_p
         o1 = ((a1 * c1).to(dt).to(tl.float32) + (-a2 * s1).to(dt).to(tl.float32)).to(dt)
         o2 = ((a2 * c2).to(dt).to(tl.float32) + (a1 * s2).to(dt).to(tl.float32)).to(dt)
         if head < H:
-            q_dst = q_out_ptr + row * H * D + head * D
             tl.store(q_dst + half, o1)
             tl.store(q_dst + D // 2 + half, o2)
         else:
             tl.store(k_cache_ptr + dst + half, o1)
             tl.store(k_cache_ptr + dst + D // 2 + half, o2)
+
+
+@triton.jit
+def _rope_kv_write_kernel(qkv_ptr, cos_ptr, sin_ptr, pos_ptr, slots_ptr, q_out_ptr, k_cache_ptr, v_cache_ptr,
+                          stride_cs, stride_ch, stride_ct,
+                          H: tl.constexpr, KVH: tl.constexpr, D: tl.constexpr, PDL: tl.constexpr):
+    _wait_predecessor(PDL)
+    row = tl.program_id(0).to(tl.int64)
+    head = tl.program_id(1)  # 0..H-1 query heads, H..H+KVH-1 key heads, then value heads
+    half = tl.arange(0, D // 2)
+    src = qkv_ptr + row * (H + 2 * KVH) * D + head * D
+    _rope_store(tl.load(src + half), tl.load(src + D // 2 + half), half, head, tl.load(pos_ptr + row),
+                tl.load(slots_ptr + row).to(tl.int64), cos_ptr, sin_ptr, q_out_ptr + row * H * D + head * D,
+                k_cache_ptr, v_cache_ptr, stride_cs, stride_ch, stride_ct, H, KVH, D)
 
 
 def rope_kv_write(qkv: torch.Tensor, cos_table: torch.Tensor, sin_table: torch.Tensor, positions: torch.Tensor,

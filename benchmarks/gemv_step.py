@@ -4,7 +4,8 @@
   gemv      runners/fused_gemv.py: six kernels a layer, launched one after another
   gemv+pdl  the same with early launch (runners/device.py: pdl_launch)
   (--tiles / --paired-tiles add gemv+pdl at other tiles of the one-matrix GEMVs
-   / of the two-tile ones: runners/fused_gemv.py TILE / PAIRED_TILE)
+   / of the two-tile ones, --pairs at both: runners/fused_gemv.py TILE / PAIRED_TILE;
+   a tile is rows x columns x warps x columns read ahead of the wait)
 
 For each batch and variant: the graphed decode forward alone (ms), and the
 whole decode step through the scheduler loop (async, median ms; 64-token
@@ -40,7 +41,8 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--batch", type=int, nargs="+", default=[1])
     ap.add_argument("--tiles", nargs="*", default=[], help="more one-matrix GEMV tiles, e.g. 8x1024x4")
-    ap.add_argument("--paired-tiles", nargs="*", default=[], help="more two-tile GEMV tiles, e.g. 4x512x4")
+    ap.add_argument("--paired-tiles", nargs="*", default=[], help="more two-tile GEMV tiles, e.g. 4x512x4x1024")
+    ap.add_argument("--pairs", nargs="*", default=[], help="both at once, e.g. 4x1024x4x2048/4x512x4x1024")
     ap.add_argument("--kv-len", type=int, default=164, help="keys per row in the timed forward")
     ap.add_argument("--max-seq-len", type=int, default=256)
     ap.add_argument("--out", type=Path, default=Path("gemv_step.json"))
@@ -51,7 +53,8 @@ def main() -> None:
     cfg = model.cfg
     tile = lambda t: tuple(map(int, t.split("x")))  # noqa: E731
     variants = {**VARIANTS, **{f"gemv+pdl tile {t}": (1, True, tile(t), None) for t in args.tiles},
-                **{f"gemv+pdl paired {t}": (1, True, None, tile(t)) for t in args.paired_tiles}}
+                **{f"gemv+pdl paired {t}": (1, True, None, tile(t)) for t in args.paired_tiles},
+                **{f"gemv+pdl {t}": (1, True, *map(tile, t.split("/"))) for t in args.pairs}}
     shipped = fused_gemv.TILE, fused_gemv.PAIRED_TILE
     rows = []
     for b in args.batch:
@@ -66,7 +69,7 @@ def main() -> None:
             fb = _decode_batch(engine, b, args.kv_len, cfg.num_codebooks)
             fwd = _time_ms(lambda: engine.forward(fb), 100)
             rows.append({"batch": b, "variant": name, "step_ms": step, "graph_forward_ms": fwd})
-            print(f"batch {b:>3} {name:<26} step {step:6.3f} ms  graphed forward {fwd:6.3f} ms", flush=True)
+            print(f"batch {b:>3} {name:<40} step {step:6.3f} ms  graphed forward {fwd:6.3f} ms", flush=True)
             del engine, kv
             torch.cuda.empty_cache()
     args.out.write_text(json.dumps({"device": torch.cuda.get_device_name(), "torch": torch.__version__,

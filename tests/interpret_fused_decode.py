@@ -71,7 +71,7 @@ def main() -> int:
     # the shipped 4-row tile take minutes (the checks after this loop run the shipped tiles)
     import runners.fused_gemv as fused_gemv
 
-    shipped_tile, fused_gemv.TILE = fused_gemv.TILE, (128, 64, 4)
+    shipped_tile, fused_gemv.TILE = fused_gemv.TILE, (128, 64, 4, 64)
     for step in range(7):
         if step == 0:
             fb = dict(is_prefill=True, lengths_cpu=lens, positions_gpu=torch.arange(t).expand(3, t),
@@ -96,7 +96,7 @@ def main() -> int:
 
 def _gemv_matches() -> bool:
     """gemv with each of its fused neighbours against PyTorch (float32), at the shipped tile and at
-    one that loops over k."""
+    two that loop over k after a first tile of their own width and of four times it."""
     import torch.nn.functional as F
 
     from runners.fused_gemv import gemv
@@ -120,7 +120,7 @@ def _gemv_matches() -> bool:
     }
     worst = 0.0
     for name, (run, want) in cases.items():
-        for tile in (None, (8, 32, 4)):
+        for tile in (None, (8, 32, 4, 32), (8, 16, 4, 64)):
             got = run(tile)
             assert got.shape == want.shape, name
             worst = max(worst, ((got - want).abs().max() / want.abs().max()).item())
@@ -143,7 +143,7 @@ def _qkv_rope_matches() -> bool:
     caches = [[c.clone() for c in base] for _ in range(2)]  # for the reference, for qkv_rope
     want = rope_kv_write(gemv(x, w, norm=nw), ang.cos(), ang.sin(), pos, slot, *caches[0], h, kvh)
     worst = 0.0
-    for tile in (None, (4, 32, 4)):
+    for tile in (None, (4, 32, 4, 32), (4, 16, 4, 64)):
         got = qkv_rope(x, w, nw, ang.cos(), ang.sin(), pos, slot, *caches[1], h, kvh, tile=tile)
         for a, b in ((got, want), *zip(caches[1], caches[0])):
             worst = max(worst, ((a - b).abs().max() / b.abs().max()).item())

@@ -1,4 +1,4 @@
-"""Decode attention as one Triton kernel that reads the slot KV cache in place (CUDA only).
+"""Decode attention as Triton kernels that read the slot KV cache in place (CUDA only).
 
 The PyTorch path gathers each row's keys out of the slot cache (a copy of
 B x KVH x K x D per layer, K the batch's key bucket) and then runs SDPA over
@@ -13,11 +13,20 @@ online softmax), never on the batch size, the row's place in it or the key
 bucket of its batch-mates. So default and deterministic decode share it, and
 CUDA graphs need one capture per row bucket, not per key-length bucket.
 
-Launched early (one-row steps: runners/device.py, pdl_launch), a program
-reads its first block of keys and values of earlier steps before it waits
-for the kernel that writes this step's: a one-row step took 2.146 ms with
-that read ahead of the wait, 2.190 with it after (benchmarks/gemv_step.py
-with the read behind a switch, H200).
+A one-row step (default mode only: deterministic decode runs 64 rows) takes
+its own kernel, because there the eight programs, one per KV head, are each
+a chain of dependent block loads as long as the row:
+- its keys are split over up to ONE_ROW_SPLITS programs per KV head, and the
+  last of them to finish merges their softmaxes in split order (an atomic
+  count per head); at 264 keys the graphed 3B forward took 1.973 ms split,
+  2.043 whole. Rows under SPLIT_FROM_BLOCKS blocks stay whole: at two blocks
+  the merge cost more than it saved (benchmarks/gemv_step.py, H200);
+- launched early (runners/device.py: pdl_launch), a program reads its first
+  block of keys and values of earlier steps before it waits for the kernel
+  that writes this step's: 2.146 against 2.190 ms a step, with that read
+  after the wait.
+So a one-row result differs from the same row's in a wider batch by float32
+rounding; so did its projections already (runners/fused_gemv.py).
 
 The CPU has no such kernel; there attention stays in runners/attention.py.
 """
@@ -35,9 +44,9 @@ BLOCK_N = 64  # keys per loop iteration
 
 
 @triton.jit
-def _attend(q, k, v, key_ok, m, l, acc, scale, USE_DOT: tl.constexpr):
-    """One block of keys into the online softmax: q [REP_PAD, D]; k, v [BLOCK, D]; key_ok [BLOCK];
-    m, l [REP_PAD] and acc [REP_PAD, D] float32, returned updated."""
+def _scores(q, k, key_ok, m, l, scale, USE_DOT: tl.constexpr):
+    """One block of keys into the online softmax: q [REP_PAD, D]; k [BLOCK, D]; key_ok [BLOCK];
+    m, l [REP_PAD] float32 -> (m, l updated; p [REP_PAD, BLOCK]; alpha [REP_PAD], the old terms' factor)."""
     if USE_DOT:
         s = tl.dot(q, tl.trans(k)) * scale  # [REP_PAD, BLOCK] float32
     else:  # head_dim < 16 (test models): tl.dot needs K >= 16
@@ -46,12 +55,17 @@ def _attend(q, k, v, key_ok, m, l, acc, scale, USE_DOT: tl.constexpr):
     m_new = tl.maximum(m, tl.max(s, 1))
     alpha = tl.exp(m - m_new)
     p = tl.exp(s - m_new[:, None])
-    l = l * alpha + tl.sum(p, 1)
+    return m_new, l * alpha + tl.sum(p, 1), p, alpha
+
+
+@triton.jit
+def _values(p, alpha, v, acc, USE_DOT: tl.constexpr):
+    """acc [REP_PAD, D] float32 rescaled by alpha, plus p [REP_PAD, BLOCK] @ v [BLOCK, D]."""
     if USE_DOT:
         pv = tl.dot(p.to(v.dtype), v)
     else:
         pv = tl.sum(p.to(v.dtype).to(tl.float32)[:, :, None] * v.to(tl.float32)[None, :, :], 1)
-    return m_new, l, acc * alpha[:, None] + pv
+    return acc * alpha[:, None] + pv
 
 
 @triton.jit
@@ -60,43 +74,137 @@ def _decode_attention_kernel(
     stride_qb, stride_qh, stride_ob, stride_oh, stride_cs, stride_ch, stride_ct,
     scale,
     REP: tl.constexpr, REP_PAD: tl.constexpr, D: tl.constexpr, BLOCK: tl.constexpr, USE_DOT: tl.constexpr,
-    PDL: tl.constexpr,
 ):
+    # rows > 1 (one row: _one_row_kernel below). Keys are loaded before, values after the scores:
+    # a version that loaded both first, its first block outside the loop, gave a 4.83 ms graphed
+    # batch-256 forward against 4.48 with this loop (benchmarks/gemv_step.py, H200)
     row = tl.program_id(0)
     kvh = tl.program_id(1)
-    # Ahead of the wait for the kernel before (launched early: runners/device.py, pdl_launch), what
-    # no kernel of this step writes: the step's slots and lengths (copied in before its first
-    # kernel) and the first block's keys and values of earlier steps. Hazard: position length - 1
-    # is this step's, written by the kernel before, so it is read after the wait.
     slot = tl.load(slots_ptr + row).to(tl.int64)  # int64: slot * stride_cs can pass 2^31
     length = tl.load(lengths_ptr + row)
-    d = tl.arange(0, D)
-    n = tl.arange(0, BLOCK)
-    offs = slot * stride_cs + kvh * stride_ch + n[:, None] * stride_ct + d[None, :]  # [BLOCK, D], block 0
-    old = (n < length - 1)[:, None]
-    k = tl.load(k_ptr + offs, mask=old, other=0.0)
-    v = tl.load(v_ptr + offs, mask=old, other=0.0)
-    _wait_predecessor(PDL)
-    new = (n == length - 1)[:, None]  # this step's key and value, if in block 0
-    k = tl.where(new, tl.load(k_ptr + offs, mask=new, other=0.0), k)
-    v = tl.where(new, tl.load(v_ptr + offs, mask=new, other=0.0), v)
     r = tl.arange(0, REP_PAD)
+    d = tl.arange(0, D)
     head_ok = r < REP  # tl.dot needs >= 16 rows: the query heads are padded with zero rows
     heads = kvh * REP + r
     q = tl.load(q_ptr + row * stride_qb + heads[:, None] * stride_qh + d[None, :], mask=head_ok[:, None], other=0.0)
+    base = slot * stride_cs + kvh * stride_ch
     m = tl.full([REP_PAD], float("-inf"), tl.float32)
     l = tl.zeros([REP_PAD], tl.float32)
     acc = tl.zeros([REP_PAD, D], tl.float32)
-    m, l, acc = _attend(q, k, v, n < length, m, l, acc, scale, USE_DOT)
-    for start in range(BLOCK, length, BLOCK):
-        key_ok = start + n < length
-        offs += BLOCK * stride_ct
+    for start in range(0, length, BLOCK):
+        n = start + tl.arange(0, BLOCK)
+        key_ok = n < length
+        offs = base + n[:, None] * stride_ct + d[None, :]
         k = tl.load(k_ptr + offs, mask=key_ok[:, None], other=0.0)  # [BLOCK, D]
+        m, l, p, alpha = _scores(q, k, key_ok, m, l, scale, USE_DOT)
         v = tl.load(v_ptr + offs, mask=key_ok[:, None], other=0.0)
-        m, l, acc = _attend(q, k, v, key_ok, m, l, acc, scale, USE_DOT)
+        acc = _values(p, alpha, v, acc, USE_DOT)
     out = acc / l[:, None]  # every row has length >= 1, so l > 0
     tl.store(out_ptr + row * stride_ob + heads[:, None] * stride_oh + d[None, :], out.to(out_ptr.dtype.element_ty),
              mask=head_ok[:, None])
+
+
+@triton.jit
+def _one_row_kernel(
+    q_ptr, k_ptr, v_ptr, out_ptr, slots_ptr, lengths_ptr, m_part_ptr, l_part_ptr, acc_part_ptr, count_ptr,
+    stride_qh, stride_oh, stride_cs, stride_ch, stride_ct,
+    scale,
+    REP: tl.constexpr, REP_PAD: tl.constexpr, D: tl.constexpr, BLOCK: tl.constexpr, USE_DOT: tl.constexpr,
+    SPLITS: tl.constexpr, SPLIT_FROM: tl.constexpr, PDL: tl.constexpr,
+):
+    # One row: program (kv head, split) takes `per` blocks of the row's keys; the last of a head's
+    # programs to finish merges their softmaxes (in split order, so the result is the same
+    # whichever came last).
+    kvh = tl.program_id(0)
+    split = tl.program_id(1)
+    # Ahead of the wait for the kernel before (launched early: runners/device.py, pdl_launch), what
+    # no kernel of this step writes: the step's slot and length (copied in before its first
+    # kernel) and this program's first block of keys and values of earlier steps. Hazard: position
+    # length - 1 is this step's, written by the kernel before, so it is read after the wait.
+    slot = tl.load(slots_ptr).to(tl.int64)
+    length = tl.load(lengths_ptr)
+    blocks = tl.cdiv(length, BLOCK)
+    # the split depends on the row's length only; rows of fewer than SPLIT_FROM blocks stay whole
+    # (the merge costs more than it saves there)
+    per = tl.where(blocks < SPLIT_FROM, blocks, tl.cdiv(blocks, SPLITS))
+    parts = tl.cdiv(blocks, per)  # programs of this head that have keys
+    first = split * per * BLOCK
+    if first < length:
+        d = tl.arange(0, D)
+        n = first + tl.arange(0, BLOCK)
+        k_base = k_ptr + slot * stride_cs + kvh * stride_ch
+        v_base = v_ptr + slot * stride_cs + kvh * stride_ch
+        offs = n[:, None] * stride_ct + d[None, :]  # [BLOCK, D]
+        old = (n < length - 1)[:, None]
+        k = tl.load(k_base + offs, mask=old, other=0.0)
+        v = tl.load(v_base + offs, mask=old, other=0.0)
+        _wait_predecessor(PDL)
+        new = (n == length - 1)[:, None]  # this step's key and value, if in this block
+        k = tl.where(new, tl.load(k_base + offs, mask=new, other=0.0), k)
+        v = tl.where(new, tl.load(v_base + offs, mask=new, other=0.0), v)
+        r = tl.arange(0, REP_PAD)
+        head_ok = r < REP
+        heads = kvh * REP + r
+        q = tl.load(q_ptr + heads[:, None] * stride_qh + d[None, :], mask=head_ok[:, None], other=0.0)
+        m, l, p, alpha = _scores(q, k, n < length, tl.full([REP_PAD], float("-inf"), tl.float32),
+                                 tl.zeros([REP_PAD], tl.float32), scale, USE_DOT)
+        acc = _values(p, alpha, v, tl.zeros([REP_PAD, D], tl.float32), USE_DOT)
+        for start in range(first + BLOCK, tl.minimum(length, first + per * BLOCK), BLOCK):
+            nb = start + tl.arange(0, BLOCK)
+            key_ok = nb < length
+            offs = nb[:, None] * stride_ct + d[None, :]
+            k = tl.load(k_base + offs, mask=key_ok[:, None], other=0.0)  # [BLOCK, D]
+            m, l, p, alpha = _scores(q, k, key_ok, m, l, scale, USE_DOT)
+            v = tl.load(v_base + offs, mask=key_ok[:, None], other=0.0)
+            acc = _values(p, alpha, v, acc, USE_DOT)
+        last = True
+        if parts > 1:
+            part = (kvh * SPLITS + split) * REP_PAD + r
+            tl.store(m_part_ptr + part, m)
+            tl.store(l_part_ptr + part, l)
+            tl.store(acc_part_ptr + part[:, None] * D + d[None, :], acc)
+            tl.debug_barrier()  # every thread's partials stored before the release below
+            last = tl.atomic_add(count_ptr + kvh, 1, sem="acq_rel", scope="gpu") == parts - 1
+            if last:
+                m = tl.full([REP_PAD], float("-inf"), tl.float32)
+                l = tl.zeros([REP_PAD], tl.float32)
+                acc = tl.zeros([REP_PAD, D], tl.float32)
+                for j in range(0, parts):
+                    part_j = (kvh * SPLITS + j) * REP_PAD + r
+                    # .cg: from L2, where the other programs' stores are; this SM's L1 may hold
+                    # an older layer's partials
+                    m_j = tl.load(m_part_ptr + part_j, cache_modifier=".cg")
+                    m_new = tl.maximum(m, m_j)
+                    alpha, beta = tl.exp(m - m_new), tl.exp(m_j - m_new)
+                    l = l * alpha + tl.load(l_part_ptr + part_j, cache_modifier=".cg") * beta
+                    acc_j = tl.load(acc_part_ptr + part_j[:, None] * D + d[None, :], cache_modifier=".cg")
+                    acc = acc * alpha[:, None] + acc_j * beta[:, None]
+                    m = m_new
+                tl.store(count_ptr + kvh, 0)  # ready for the next call (kernels run in order)
+        if last:
+            out = acc / l[:, None]  # every row has length >= 1, so l > 0
+            tl.store(out_ptr + heads[:, None] * stride_oh + d[None, :], out.to(out_ptr.dtype.element_ty),
+                     mask=head_ok[:, None])
+
+
+# Splits of a one-row step's keys: at one row the 8 programs (one per KV head) were each a chain of
+# dependent block loads as long as the row; split, each has at most a few blocks.
+ONE_ROW_SPLITS = 8
+SPLIT_FROM_BLOCKS = 3
+# (device, KV heads, REP_PAD, D) -> the one-row kernel's partial maxima, sums, outputs, counters
+_WORKSPACES: dict[tuple, tuple[torch.Tensor, ...]] = {}
+
+
+def _workspace(device: torch.device, kvh: int, rep_pad: int, d: int) -> tuple[torch.Tensor, ...]:
+    key = (device, kvh, rep_pad, d)
+    if key not in _WORKSPACES:
+        # Hazard: made inside a graph capture it would come from the graph's private pool; the
+        # decode graphs run every shape eagerly before they capture it (runners/cuda_graphs.py)
+        assert device.type != "cuda" or not torch.cuda.is_current_stream_capturing(), "made before capture"
+        n = kvh * ONE_ROW_SPLITS * rep_pad
+        _WORKSPACES[key] = (torch.empty(n, device=device), torch.empty(n, device=device),
+                            torch.empty(n * d, device=device), torch.zeros(kvh, dtype=torch.int32, device=device))
+    return _WORKSPACES[key]
 
 
 def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slots: torch.Tensor,
@@ -108,13 +216,16 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     rep = h // kvh
     assert q.stride(-1) == 1 and k_cache.is_contiguous() and v_cache.is_contiguous()
     out = torch.empty((b, 1, h, d), dtype=q.dtype, device=q.device).transpose(1, 2)  # o_proj reads [B, 1, H*D]
-    early = pdl_launch(q.device, b)
-    _decode_attention_kernel[(b, kvh)](
-        q, k_cache, v_cache, out, slots, lengths,
-        q.stride(0), q.stride(1), out.stride(0), out.stride(1),
-        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
-        d ** -0.5,
-        REP=rep, REP_PAD=max(16, triton.next_power_of_2(rep)), D=d, BLOCK=BLOCK_N, USE_DOT=d >= 16,
-        PDL=bool(early), **early,
-    )
+    rep_pad = max(16, triton.next_power_of_2(rep))
+    shape = dict(REP=rep, REP_PAD=rep_pad, D=d, BLOCK=BLOCK_N, USE_DOT=d >= 16)
+    strides = (k_cache.stride(0), k_cache.stride(1), k_cache.stride(2))
+    if b == 1:
+        early = pdl_launch(q.device, b)
+        _one_row_kernel[(kvh, ONE_ROW_SPLITS)](
+            q, k_cache, v_cache, out, slots, lengths, *_workspace(q.device, kvh, rep_pad, d), q.stride(1),
+            out.stride(1), *strides, d ** -0.5, **shape, SPLITS=ONE_ROW_SPLITS, SPLIT_FROM=SPLIT_FROM_BLOCKS,
+            PDL=bool(early), **early)
+    else:
+        _decode_attention_kernel[(b, kvh)](q, k_cache, v_cache, out, slots, lengths, q.stride(0), q.stride(1),
+                                           out.stride(0), out.stride(1), *strides, d ** -0.5, **shape)
     return out

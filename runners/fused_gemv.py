@@ -165,7 +165,8 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, *, norm: tuple[torch.Tensor, flo
       norm (g, eps): the input is rmsnorm(x) * g instead of x
       residual [1, n]: returns residual + x @ weight.T
       silu_mul: weight is [2n, k], gate rows then up rows; returns silu(gate) * up [1, n]
-      tile (rows of w, columns, warps, columns ahead of the wait) per program: TILE (PAIRED_TILE with silu_mul) unless a probe sweeps it"""
+      tile (rows of w, columns, warps, columns ahead of the wait) per program: TILE (PAIRED_TILE
+      with silu_mul) unless a probe sweeps it"""
     assert x.shape[0] == 1, "one row: wider batches take cuBLAS"
     k = x.shape[1]
     n = weight.shape[0] // (2 if silu_mul else 1)
@@ -197,6 +198,6 @@ def qkv_rope(x: torch.Tensor, weight: torch.Tensor, norm: tuple[torch.Tensor, fl
     _qkv_rope_kernel[((n_heads + 2 * n_kv) * (d // 2 // block_n),)](
         x.contiguous(), weight, norm[0], cos_table, sin_table, positions, slots, q, k_cache, v_cache,
         k, norm[1], k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), H=n_heads, KVH=n_kv, D=d,
-        BLOCK_N=block_n, BLOCK_K=block_k, PRE_K=pre_k, K_POW2=triton.next_power_of_2(k), PDL=bool(early), num_warps=warps,
-        **early)
+        BLOCK_N=block_n, BLOCK_K=block_k, PRE_K=pre_k, K_POW2=triton.next_power_of_2(k), PDL=bool(early),
+        num_warps=warps, **early)
     return q.transpose(1, 2)

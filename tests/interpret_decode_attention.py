@@ -39,9 +39,10 @@ def _reference(q, kc, vc, slots, lengths):
     return out
 
 
-def _check(decode_attention, block: int, d: int) -> list[str]:
+def _check(decode_attention, block: int, splits: int, d: int) -> list[str]:
     g = torch.Generator().manual_seed(0)
-    slots_n, kvh, max_len, h = 7, 2, 3 * block + 5, 6  # 3 query heads per KV head, as in Higgs 3B
+    # up to more blocks than a one-row call has programs, so some take two
+    slots_n, kvh, max_len, h = 7, 2, (splits + 2) * block + 5, 6  # 3 query heads per KV head, as in Higgs 3B
     kc = torch.randn(slots_n, kvh, max_len, d, generator=g)
     vc = torch.randn(slots_n, kvh, max_len, d, generator=g)
     # lengths on both sides of the key-block edges; slots out of order
@@ -53,23 +54,38 @@ def _check(decode_attention, block: int, d: int) -> list[str]:
     failures = []
     if not err < 1e-5:
         failures.append(f"max abs error {err} against the float64 reference")
-    # a row alone, and with its keys' tail changed past its length, gives the same bits
-    kc2, vc2 = kc.clone(), vc.clone()
-    kc2[slots[2], :, lengths[2]:] = 1e4
-    vc2[slots[2], :, lengths[2]:] = float("nan")
-    alone = decode_attention(q[2:3].contiguous(), kc2, vc2, slots[2:3], lengths[2:3])
-    if not torch.equal(alone[0], out[2]):
-        failures.append("row 2 alone (garbage past its length) differs from row 2 in the batch")
+    # rows 2 and 3 alone, with their keys' tail changed past their lengths, give the same bits
+    garbage = kc.clone(), vc.clone()
+    for i in (2, 3):
+        garbage[0][slots[i], :, lengths[i]:] = 1e4
+        garbage[1][slots[i], :, lengths[i]:] = float("nan")
+    alone = decode_attention(q[2:4].contiguous(), *garbage, slots[2:4], lengths[2:4])
+    if not torch.equal(alone, out[2:4]):
+        failures.append("rows 2 and 3 alone (garbage past their lengths) differ from the batch")
+    # one row: its keys split over programs (runners/decode_attention.py: ONE_ROW_SPLITS), merged by
+    # the last to finish; twice each, so a merge counter left behind would show
+    for i, n in enumerate([1, block, block + 1, 3 * block + 5, (splits + 1) * block + 3, max_len]):
+        one = dict(slots=slots[i % 5: i % 5 + 1], lengths=torch.tensor([n]))
+        qi = q[i % 5: i % 5 + 1].contiguous()
+        want = _reference(qi, kc, vc, **one)
+        g_kc, g_vc = kc.clone(), vc.clone()
+        g_kc[one["slots"], :, n:] = 1e4
+        g_vc[one["slots"], :, n:] = float("nan")
+        for run in range(2):
+            got = decode_attention(qi, g_kc, g_vc, one["slots"], one["lengths"])
+            err = (got.double() - want).abs().max().item()
+            if not err < 1e-5:
+                failures.append(f"one row of {n} keys, call {run}: max abs error {err}")
     return failures
 
 
 def main() -> int:
     _patch_interpreter_scalars()
-    from runners.decode_attention import BLOCK_N, decode_attention
+    from runners.decode_attention import BLOCK_N, ONE_ROW_SPLITS, decode_attention
 
     failures = []
     for d in (32, 8):  # tl.dot (head_dim >= 16) and the elementwise path for smaller heads
-        failures += [f"head_dim {d}: {f}" for f in _check(decode_attention, BLOCK_N, d)]
+        failures += [f"head_dim {d}: {f}" for f in _check(decode_attention, BLOCK_N, ONE_ROW_SPLITS, d)]
     print("\n".join(failures) or "ok")
     return 1 if failures else 0
 

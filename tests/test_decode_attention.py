@@ -1,4 +1,5 @@
-"""The CUDA decode kernels (attention, fused norm/rope/silu path, batch-1 GEMVs, the draw), checked on the CPU in Triton's interpreter."""
+"""The CUDA decode kernels (attention, fused norm/rope/silu path, batch-1 GEMVs, the draw, Higgs
+masks and publish), checked on the CPU in Triton's interpreter."""
 
 from __future__ import annotations
 
@@ -13,7 +14,8 @@ from tests.conftest import REPO
 pytest.importorskip("triton")
 
 
-@pytest.mark.parametrize("script", ["interpret_decode_attention", "interpret_fused_decode", "interpret_fused_draw"])
+@pytest.mark.parametrize("script", ["interpret_decode_attention", "interpret_fused_decode", "interpret_fused_draw",
+                                    "interpret_higgs_step"])
 def test_kernels_in_interpreter(script):
     env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(REPO)}
     res = subprocess.run([sys.executable, "-m", f"tests.{script}"], cwd=REPO, env=env,

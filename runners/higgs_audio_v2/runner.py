@@ -23,6 +23,7 @@ import threading
 import numpy as np
 import torch
 
+from runners.attention import fused_kernels_available
 from runners.base import BatchResult, ModelRunner, StepCollect
 from runners.engine import Engine, ForwardBatch
 from runners.higgs_audio_v2.codec import HiggsCodecDecoder
@@ -68,6 +69,7 @@ class HiggsRunner(ModelRunner):
         cols = torch.arange(cfg.codebook_size, device=device)
         self._not_bos_gpu = cols != cfg.audio_stream_bos_id  # [V]
         self._not_eos_gpu = cols != cfg.audio_stream_eos_id
+        self._fused = fused_kernels_available(device)  # the two methods below as one kernel each (fused_step.py)
 
     def _initial_delays(self, prompt_ids: list[int]) -> tuple[list[int], list[int], bool]:
         """bos_delay, eos_delay and delay_started for a prompt, from its last C tokens."""
@@ -101,6 +103,12 @@ class HiggsRunner(ModelRunner):
 
     def process_logits(self, logits_gpu: torch.Tensor, fb: ForwardBatch, requests) -> torch.Tensor:
         s = fb.slots_gpu
+        if self._fused:
+            from runners.higgs_audio_v2.fused_step import delay_masks
+
+            return delay_masks(logits_gpu, s, fb.steps_gpu, self.slot_gpu["min_new_frames"], self.bos_delay_gpu,
+                               self.eos_delay_gpu, self.delay_started_gpu, self.cfg.audio_stream_bos_id,
+                               self.cfg.audio_stream_eos_id)
         scores = logits_gpu.view(fb.batch_size, self.num_streams, self.vocab_size)
         # no stream-EOS before min_new_frames (the staircase only follows a sampled EOS)
         early = (fb.steps_gpu < self.slot_gpu["min_new_frames"][s])[:, None, None]
@@ -121,6 +129,11 @@ class HiggsRunner(ModelRunner):
         """
         tokens = result.next_token_ids_gpu  # [B, C]
         s = fb.slots_gpu
+        if self._fused:
+            from runners.higgs_audio_v2.fused_step import publish
+
+            return publish(tokens, result.logprobs_gpu, result.raw_logprobs_gpu, s, self.last_codes_gpu,
+                           self.delay_started_gpu, self.cfg.audio_stream_eos_id)
         self.last_codes_gpu[s] = tokens  # the next step's input stays on the device
         is_eos = tokens == self.cfg.audio_stream_eos_id
         self.delay_started_gpu[s] = self.delay_started_gpu[s] | is_eos.any(dim=-1)

@@ -80,6 +80,32 @@ def test_fused_draw_matches_the_pytorch_draw_on_cuda():
     torch.testing.assert_close(got_lp, want_lp, atol=1e-5, rtol=0)
 
 
+def test_one_row_decode_attention_on_cuda():
+    """The one-row attention kernel (keys split over programs, merged by the last to finish,
+    launched early) against float64 attention at the 3B head shape, in bf16. Twenty calls back to
+    back per length, each with its own query: a merge that read another call's partials, or a
+    count left behind, would mix two queries' results."""
+    import torch
+
+    from runners.decode_attention import decode_attention
+
+    dev = torch.device("cuda")
+    g = torch.Generator(device=dev).manual_seed(0)
+    kvh, h, d, max_len = 8, 24, 128, 2048
+    kc, vc = (torch.randn(3, kvh, max_len, d, generator=g, device=dev).to(torch.bfloat16) for _ in range(2))
+    slot = torch.tensor([1], device=dev)
+    for n in (1, 64, 128, 129, 200, 513, 2000):  # whole rows, then 3, 4, 9 and 32 blocks split
+        lengths = torch.tensor([n], device=dev)
+        qs = [torch.randn(1, h, 1, d, generator=g, device=dev).to(torch.bfloat16) for _ in range(20)]
+        outs = [decode_attention(q, kc, vc, slot, lengths) for q in qs]
+        k = kc[1, :, :n].double().repeat_interleave(h // kvh, 0)  # [H, n, D]
+        v = vc[1, :, :n].double().repeat_interleave(h // kvh, 0)
+        for i, (q, out) in enumerate(zip(qs, outs)):
+            want = torch.softmax(q[0].double() @ k.transpose(-1, -2) * d ** -0.5, -1) @ v  # [H, 1, D]
+            err = float((out[0].double() - want).abs().max() / want.abs().max())
+            assert err < 2e-2, (n, i, err)
+
+
 def test_default_mode_batches_the_codec_within_bf16_rounding(tmp_path):
     """Rows that finish together share a padded, masked codec call on CUDA: each row's audio
     stays within bf16's own rounding (our bf16 decode against float32) of the row decoded alone."""

@@ -24,15 +24,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks.timing import graph_us  # noqa: E402
 from runners.fused_draw import _draw_kernel  # noqa: E402
-from runners.sampling import draw  # noqa: E402
+from runners.sampling import draw_rows  # noqa: E402
 
 VOCAB = 1026
+TABLES = ("temperature", "top_k", "top_p", "min_p", "seed")
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--batch", type=int, nargs="+", default=[1, 64, 256])
-    ap.add_argument("--warps", type=int, nargs="+", default=[4, 8, 16])
+    ap.add_argument("--warps", type=int, nargs="+", default=[2, 4, 8, 16])
     ap.add_argument("--out", type=Path, default=Path("draw_probe.json"))
     args = ap.parse_args()
     dev = torch.device("cuda")
@@ -41,18 +42,24 @@ def main() -> None:
     for b in args.batch:
         r = b * 8
         scores = torch.randn(r, VOCAB, generator=g, device=dev) * 3
+        slots, steps = torch.arange(b, device=dev), torch.full((b,), 100, device=dev)
+        history = torch.zeros(b, 8, 256, dtype=torch.int64, device=dev)
         for top_k in (50, 0):
-            par = [torch.ones(r, device=dev), torch.full((r,), top_k, device=dev), torch.full((r,), 0.95, device=dev),
-                   torch.zeros(r, device=dev), torch.arange(r, device=dev) * 7919, torch.full((r,), 100, device=dev)]
-            want, _ = draw(scores, *par)
+            tables = dict(temperature=torch.ones(b, device=dev), top_k=torch.full((b,), top_k, device=dev),
+                          top_p=torch.full((b,), 0.95, device=dev), min_p=torch.zeros(b, device=dev),
+                          seed=torch.arange(b, device=dev) * 7919)
+            want, _ = draw_rows(scores, slots, steps, tables, 8, history)
             results.append({"batch": b, "rows": r, "top_k": top_k, "kernel": "pytorch draw", "warps": None,
-                            "us": graph_us(lambda i: draw(scores, *par), 1), "same_tokens": True})
+                            "us": graph_us(lambda i: draw_rows(scores, slots, steps, tables, 8, history), 1),
+                            "same_tokens": True})
             for w in args.warps:
                 tok = torch.empty(r, dtype=torch.int64, device=dev)
                 lp = torch.empty(r, dtype=torch.float32, device=dev)
 
                 def call(i, w=w, tok=tok, lp=lp):
-                    _draw_kernel[(r,)](scores, *par, tok, lp, VOCAB, BLOCK=triton.next_power_of_2(VOCAB), num_warps=w)
+                    _draw_kernel[(r,)](scores, slots, steps, *(tables[n] for n in TABLES), tok, lp, history,
+                                       history.shape[-1], VOCAB, STREAMS=8, BLOCK=triton.next_power_of_2(VOCAB),
+                                       num_warps=w)
 
                 us = graph_us(call, 4)
                 results.append({"batch": b, "rows": r, "top_k": top_k, "kernel": "fused", "warps": w, "us": us,

@@ -1,10 +1,12 @@
 """Prefill forward time at the Higgs Audio v2 3B shape: ours fused, ours plain, transformers.
 
-Random bf16 weights shared by all three (omni_cli.bench.random_model). For
+Random bf16 weights shared by all of them (omni_cli.bench.random_model). For
 each batch size, B prompts of --prompt-len tokens go through one prefill
 forward into KV slots 0..B-1: our fused CUDA path (runners/higgs_audio_v2/
-model.py ``_prefill_fused``), our plain modules (the CPU's and deterministic
-mode's path), and transformers' forward over the same ids (its logits at
+model.py ``_prefill_fused``), the same replayed as a CUDA graph where the
+batch is small enough (runners/cuda_graphs.py: PrefillGraphs; "eager" where
+it is not), our plain modules (the CPU's and deterministic mode's path),
+and transformers' forward over the same ids (its logits at
 every position, as its prefill computes). Reported per batch: the first
 call's ms (a fresh process's first use of each shape) and the median of
 --repeat later calls, each synchronised, against the compute floor
@@ -59,15 +61,18 @@ def main() -> None:
     kv = KVCache(cfg.num_hidden_layers, max(args.batch) + 1, cfg.num_key_value_heads, 512, cfg.head_dim,
                  torch.bfloat16, dev)
     engine = Engine(model, kv, dev)
+    graphed = Engine(model, kv, dev)
+    graphed.use_graphs()  # small prefills replay a CUDA graph (runners/cuda_graphs.py: PrefillGraphs)
     _, matmul_params = param_counts(cfg)  # a step's matmul weights: attention and one MLP per layer, the head
     rng = np.random.default_rng(0)
-    rows = []
+    rows, captured = [], 0
     for b in args.batch:
         t = args.prompt_len
         ids = torch.from_numpy(rng.integers(0, cfg.audio_bos_token_id - 16, (b, t))).to(dev)
         fb = ForwardBatch(is_prefill=True, rids=[f"r{i}" for i in range(b)], slots_gpu=torch.arange(b, device=dev),
                           lengths_cpu=[t] * b, steps_cpu=[0] * b, steps_gpu=torch.zeros(b, dtype=torch.int64, device=dev),
-                          positions_gpu=torch.arange(t, device=dev).expand(b, t), model_inputs={"input_ids": ids})
+                          positions_gpu=torch.arange(t, device=dev).expand(b, t), model_inputs={"input_ids": ids},
+                          prompts_cpu=ids.tolist())  # the host ids let a small prefill replay a graph
 
         def plain():
             model.fused = False  # prefill through the plain modules (decode is not run here)
@@ -82,15 +87,19 @@ def main() -> None:
 
         floor = 1e3 * 2 * matmul_params * b * t / H200_FLOPS
         row = {"batch": b, "prompt_len": t, "floor_ms": round(floor, 2)}
-        for name, fn in (("fused", lambda: engine.forward(fb)), ("plain", plain), ("transformers", peer)):
+        for name, fn in (("fused", lambda: engine.forward(fb)), ("graphed", lambda: graphed.forward(fb)),
+                         ("plain", plain), ("transformers", peer)):
             first, steady = _timed(fn, args.repeat)
             row[f"{name}_first_ms"], row[f"{name}_ms"] = round(first, 2), round(steady, 2)
+        row["graph_replayed"] = len(graphed.prefill_graphs._entries) > captured
+        captured = len(graphed.prefill_graphs._entries)
         rows.append(row)
         print(json.dumps(row), flush=True)
-    print(f"{'batch':>5} {'tokens':>7} {'fused ms':>9} {'(first)':>8} {'plain ms':>9} {'(first)':>8} "
-          f"{'transformers ms':>16} {'floor ms':>9} {'fused of floor':>15}")
+    print(f"{'batch':>5} {'tokens':>7} {'fused ms':>9} {'(first)':>8} {'graphed ms':>11} {'(first)':>8} {'plain ms':>9} "
+          f"{'(first)':>8} {'transformers ms':>16} {'floor ms':>9} {'fused of floor':>15}")
     for r in rows:
-        print(f"{r['batch']:>5} {r['batch'] * r['prompt_len']:>7} {r['fused_ms']:>9.2f} {r['fused_first_ms']:>8.1f} "
+        graph = f"{r['graphed_ms']:>11.2f} {r['graphed_first_ms']:>8.1f}" if r["graph_replayed"] else f"{'eager':>11} {'':>8}"
+        print(f"{r['batch']:>5} {r['batch'] * r['prompt_len']:>7} {r['fused_ms']:>9.2f} {r['fused_first_ms']:>8.1f} {graph} "
               f"{r['plain_ms']:>9.2f} {r['plain_first_ms']:>8.1f} {r['transformers_ms']:>16.2f} {r['floor_ms']:>9.2f} "
               f"{r['floor_ms'] / r['fused_ms']:>15.2f}")
     args.out.write_text(json.dumps({"device": torch.cuda.get_device_name(), "torch": torch.__version__,

@@ -25,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from omni_cli.bench import random_model, run_requests  # noqa: E402
 from runners.attention import KVCache  # noqa: E402
 from runners.engine import Engine, ForwardBatch  # noqa: E402
-from runners.fused_draw import fused_draw  # noqa: E402
+from runners.fused_draw import fused_draw_rows  # noqa: E402
 
 
 def _time_ms(fn, iters: int) -> float:
@@ -76,11 +76,13 @@ def main() -> None:
         engine.use_graphs()
         fwd_ms = _time_ms(lambda: engine.forward(fb), 50)
         r = b * c
-        logits = torch.randn(r, v, device=device)
-        par = dict(scores=logits, temperature=torch.ones(r, device=device), top_k=torch.full((r,), 50, device=device),
-                   top_p=torch.full((r,), 0.95, device=device), min_p=torch.zeros(r, device=device),
-                   seeds=torch.arange(r, device=device), positions=torch.arange(r, device=device))
-        sample_ms = _time_ms(lambda: fused_draw(**par), 50)
+        tables = dict(temperature=torch.ones(b, device=device), top_k=torch.full((b,), 50, device=device),
+                      top_p=torch.full((b,), 0.95, device=device), min_p=torch.zeros(b, device=device),
+                      seed=torch.arange(b, device=device))
+        par = dict(scores=torch.randn(r, v, device=device), slots=torch.arange(b, device=device),
+                   steps=torch.full((b,), 64, device=device), tables=tables, streams=c,
+                   history=torch.zeros(b, c, args.max_seq_len, dtype=torch.int64, device=device))
+        sample_ms = _time_ms(lambda: fused_draw_rows(**par), 50)
         engine.graphs = eager_graphs
         with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
             for _ in range(3):

@@ -52,7 +52,7 @@ from runners.engine import Engine, ForwardBatch
 from runners.sampling import (
     apply_repetition_penalty,
     apply_suppress_tokens,
-    draw,
+    draw_rows,
     ras_replace_mask,
     seeded_argmax,
 )
@@ -166,11 +166,11 @@ class ModelRunner:
         self.async_query_hit = 0
         self.async_query_miss = 0
         # the draw: one Triton kernel on CUDA (runners/fused_draw.py), PyTorch elsewhere
-        self._draw = draw
+        self._draw_rows = draw_rows
         if fused_kernels_available(device):
-            from runners.fused_draw import fused_draw
+            from runners.fused_draw import fused_draw_rows
 
-            self._draw = fused_draw
+            self._draw_rows = fused_draw_rows
 
     # ---- hooks (model families override) ---------------------------------
     def before_prefill(self, fb: ForwardBatch, requests) -> None:
@@ -326,45 +326,45 @@ class ModelRunner:
         scores = self.process_logits(result.logits_gpu, fb, requests)  # [B, C, V]
         b, c, v = scores.shape
         rows = scores.reshape(b * c, v)
-        slots = fb.slots_gpu.repeat_interleave(c)  # [B*C]
-        steps = fb.steps_gpu  # [B] index of the frame being sampled
-        p = lambda name: self._row_param(name, slots)  # noqa: E731
+        if flags.penalty or flags.suppress or flags.ras_window:
+            slots = fb.slots_gpu.repeat_interleave(c)  # [B*C]
         if flags.penalty:
             hist = self.history_gpu[fb.slots_gpu, :, : flags.history].reshape(b * c, -1)
-            rows = apply_repetition_penalty(rows, hist, p("penalty"))
+            rows = apply_repetition_penalty(rows, hist, self._row_param("penalty", slots))
         if flags.suppress:
             rows = apply_suppress_tokens(rows, self.suppress_gpu[slots])
-        # draw position = frame_step * num_streams + stream, as sglang-omni's Higgs runner
-        positions = (steps[:, None] * c + torch.arange(c, device=self.device)[None, :]).reshape(-1)
-        tokens, logprobs = self._draw(rows, p("temperature"), p("top_k"), p("top_p"), p("min_p"), p("seed"), positions)
+        # the draw also writes each token into history_gpu at its row's step
+        tokens, logprobs = self._draw_rows(rows, fb.slots_gpu, fb.steps_gpu, self.slot_gpu, c, self.history_gpu)
         ras = flags.ras_window > 0
         # the unprocessed distribution: RAS redraws from it, --raw-logprobs reports it
         raw = result.logits_gpu.view(b * c, v).float().log_softmax(dim=-1) if ras or self.raw_logprobs else None
         if ras:
-            tokens, logprobs = self._ras(tokens, logprobs, raw, fb, flags.ras_window, slots, positions)
+            tokens, logprobs = self._ras(tokens, logprobs, raw, fb, flags.ras_window, slots)
         result.next_token_ids_gpu = tokens.view(b, c)
         result.logprobs_gpu = logprobs.view(b, c)
         if self.raw_logprobs:
             result.raw_logprobs_gpu = raw.gather(1, tokens[:, None]).view(b, c)
-        self.history_gpu[fb.slots_gpu, :, steps] = result.next_token_ids_gpu
 
-    def _ras(self, tokens, logprobs, raw, fb: ForwardBatch, w: int, slots, positions):
+    def _ras(self, tokens, logprobs, raw, fb: ForwardBatch, w: int, slots):
         """Repetition-aware sampling: redraw, from the unprocessed distribution (no
         temperature, no filters, as transformers' Higgs ``_sample``), any code that
         already occurs ras_win_max_num_repeat times among its stream's last
-        ras_win_len frames. The redraw has its own seed stream."""
+        ras_win_len frames. The redraw has its own seed stream, at the draw's
+        positions; the history gets the final tokens."""
         c = self.num_streams  # w: the widest window in the batch (host-known)
         p = lambda name: self._row_param(name, slots)  # noqa: E731
         offsets = torch.arange(-w, 0, device=self.device)  # [w]: frames -w .. -1
-        frame = fb.steps_gpu.repeat_interleave(c)[:, None] + offsets[None, :]  # [R, w]
+        steps = fb.steps_gpu.repeat_interleave(c)  # [R]
+        frame = steps[:, None] + offsets[None, :]  # [R, w]
         valid = (frame >= 0) & (offsets[None, :] >= -p("ras_win_len")[:, None])
         stream = torch.arange(c, device=self.device).repeat(fb.batch_size)
         window = self.history_gpu[slots[:, None], stream[:, None], frame.clamp(min=0)]  # [R, w]
         redo = ras_replace_mask(window, valid, tokens, self._ras_excluded_gpu, p("ras_max_repeat"))
         redo &= p("ras_win_len") > 0
-        redraw = seeded_argmax(raw, p("ras_seed"), positions)
+        redraw = seeded_argmax(raw, p("ras_seed"), steps * c + stream)
         tokens = torch.where(redo, redraw, tokens)
         logprobs = torch.where(redo, raw.gather(1, redraw[:, None])[:, 0], logprobs)
+        self.history_gpu[fb.slots_gpu, :, fb.steps_gpu] = tokens.view(-1, c)
         return tokens, logprobs
 
     def _finalize(self, result: BatchResult, fb: ForwardBatch, requests, skip: set[str] = frozenset()) -> ModelRunnerOutput:

@@ -1,4 +1,5 @@
-"""CUDA graphs of the decode step: one per row bucket (per key-length bucket without Triton).
+"""CUDA graphs of the decode step: one per row bucket (per key-length bucket without Triton),
+and of small prefills: one per (rows, tokens) bucket.
 
 An eager decode step of the 3B model launches ~900 kernels and is host-bound
 (~25 ms of launches for ~8 ms of GPU work, measured on an H200). A graph
@@ -37,7 +38,7 @@ class DecodeGraphs:
         self.fixed_rows = fixed_rows  # deterministic mode: always this many rows
         self.kernel = fused_kernels_available(device)  # attention reads lengths, not a mask
         self._entries: dict[tuple, tuple] = {}  # (rows, keys, has post, post key) -> buffers, graph, outputs
-        self._pool = torch.cuda.graph_pool_handle() if capture else None
+        self.pool = torch.cuda.graph_pool_handle() if capture else None
 
     def buckets(self, rows: int, kv_len: int) -> tuple[int, int]:
         keys = 0 if self.kernel else kv_bucket(kv_len, self.kv.max_seq_len)  # 0: any length
@@ -84,7 +85,7 @@ class DecodeGraphs:
         graph = torch.cuda.CUDAGraph()
         # thread_local: the writer thread keeps decoding audio on its own stream
         # while this thread captures (the default mode fails its CUDA calls)
-        with torch.cuda.graph(graph, pool=self._pool, capture_error_mode="thread_local"):
+        with torch.cuda.graph(graph, pool=self.pool, capture_error_mode="thread_local"):
             out = forward(post)
         return st, inputs, graph, out
 
@@ -102,12 +103,13 @@ class DecodeGraphs:
         if key not in self._entries:
             self._entries[key] = self._build(rows, k, deterministic, fb.model_inputs, post)
         st, inputs, runner, out = self._entries[key]
-        pad_slot = self.kv.k_gpu.shape[1] - 1
-        st["slots"].fill_(pad_slot)
+        # padding rows [n, rows) are reset (a wider step may have left a real row there); at
+        # n == rows, batch 1 always, that is no kernel at all (four fewer a step)
+        st["slots"][n:] = self.kv.k_gpu.shape[1] - 1
         st["slots"][:n] = fb.slots_gpu
-        st["positions"].zero_()
+        st["positions"][n:] = 0
         st["positions"][:n] = fb.positions_gpu
-        st["steps"].zero_()
+        st["steps"][n:] = 0
         st["steps"][:n] = fb.steps_gpu
         lens = torch.tensor(fb.lengths_cpu + [1] * (rows - n), dtype=torch.int64)  # padding rows: one key
         if self.kernel:
@@ -115,7 +117,7 @@ class DecodeGraphs:
         else:
             st["mask"].copy_((torch.arange(k)[None, :] < lens[:, None])[:, None, None], non_blocking=True)
         for name, v in fb.model_inputs.items():
-            inputs[name].zero_()
+            inputs[name][n:] = 0
             inputs[name][:n] = v
         if out is None:  # eager (capture=False)
             out = runner(post)
@@ -125,3 +127,76 @@ class DecodeGraphs:
         if isinstance(out, dict):
             return {name: t[:n].clone() for name, t in out.items()}
         return out[:n].clone()
+
+
+# A prefill replays a graph up to this many (padded) rows x tokens. Below it the
+# fused prefill is host-bound: 13.2 ms for one 64-token prompt and 18.6 ms for
+# eight, of which ~13 ms are launches, against a compute floor of 0.45 and 3.6 ms
+# (benchmarks/prefill.py, H200); above it the GPU work dominates.
+PREFILL_GRAPH_TOKENS = 1024
+_MIN_PREFILL_TOKENS = 16  # the smallest token bucket
+
+
+class PrefillGraphs:
+    """Graphs of the fused prefill of a few prompts, captured on first use per bucket.
+
+    A batch is padded to a power-of-two number of rows (padding rows on the
+    spare KV slot) and of tokens; like the eager prefill, every row runs
+    positions 0..T-1 and writes their KV, which is exact for right-padded
+    rows (runners/attention.py: attend_cached_causal). The bucket's T must fit
+    the slot, and every prompt token must take the same path through the
+    model (``model.uniform_prefill``: a graph cannot route tokens by their
+    values), or the prefill runs eagerly. Logits differ from the eager
+    prefill's by bf16 rounding only: the padded shapes may pick other kernels.
+    """
+
+    def __init__(self, model: torch.nn.Module, kv: KVCache, device: torch.device, pool):
+        self.model, self.kv, self.device, self.pool = model, kv, device, pool
+        self._entries: dict[tuple[int, int], tuple] = {}  # (rows, tokens) -> buffers, graph, logits
+
+    def _build(self, rows: int, t: int):
+        # Hazard: every tensor the graph reads must outlive it (kept in the entry): one made
+        # outside the capture and dropped after it goes back to the allocator, and a replay
+        # then reads whatever reuses its memory (so did `positions` here, a first version).
+        st = {"ids": torch.zeros(rows, t, dtype=torch.int64, device=self.device),
+              "slots": torch.zeros(rows, dtype=torch.int64, device=self.device),
+              "last": torch.zeros(rows, dtype=torch.int64, device=self.device),  # each row's last prompt token
+              "positions": torch.arange(t, device=self.device).expand(rows, t)}
+        split = self.model.uniform_split()
+
+        def forward():
+            attn = AttentionContext(kv=self.kv, is_prefill=True, slots_gpu=st["slots"], positions_gpu=st["positions"],
+                                    mask_gpu=None, kv_len=t)
+            hidden = self.model(attn, input_ids=st["ids"], split=split)  # [rows, T, H]
+            return self.model.compute_logits(hidden[torch.arange(rows, device=self.device), st["last"]])
+
+        st["slots"].fill_(self.kv.k_gpu.shape[1] - 1)  # warm-up and capture write the spare slot only
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(2):
+                forward()
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self.pool, capture_error_mode="thread_local"):
+            logits = forward()
+        return st, graph, logits
+
+    def run(self, fb: ForwardBatch) -> torch.Tensor | None:
+        """Logits [B, ...] of each row's last prompt token, or None where this prefill runs eagerly."""
+        n, longest = fb.batch_size, max(fb.lengths_cpu)
+        rows, t = _next_pow2(n), min(max(_next_pow2(longest), _MIN_PREFILL_TOKENS), self.kv.max_seq_len)
+        if (rows * t > PREFILL_GRAPH_TOKENS or longest > t or len(fb.prompts_cpu) != n
+                or not self.model.uniform_prefill(fb.prompts_cpu)):
+            return None
+        if (rows, t) not in self._entries:
+            self._entries[(rows, t)] = self._build(rows, t)
+        st, graph, logits = self._entries[(rows, t)]
+        st["ids"].zero_()
+        st["ids"][:n, :longest] = fb.model_inputs["input_ids"]
+        st["slots"][n:] = self.kv.k_gpu.shape[1] - 1
+        st["slots"][:n] = fb.slots_gpu
+        last = torch.tensor([x - 1 for x in fb.lengths_cpu] + [0] * (rows - n), dtype=torch.int64)
+        st["last"].copy_(last, non_blocking=True)
+        graph.replay()
+        return logits[:n].clone()  # the next replay overwrites `logits`

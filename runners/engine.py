@@ -44,6 +44,7 @@ class ForwardBatch:
     steps_gpu: torch.Tensor  # [B]
     positions_gpu: torch.Tensor  # [B, T]
     model_inputs: dict[str, torch.Tensor] = field(default_factory=dict)
+    prompts_cpu: list[list[int]] = field(default_factory=list)  # prefill: each row's prompt ids; [] if not given
 
     @property
     def batch_size(self) -> int:
@@ -55,7 +56,8 @@ class ForwardBatch:
             is_prefill=self.is_prefill, rids=self.rids[start:stop], slots_gpu=self.slots_gpu[start:stop],
             lengths_cpu=self.lengths_cpu[start:stop], steps_cpu=self.steps_cpu[start:stop],
             steps_gpu=self.steps_gpu[start:stop], positions_gpu=self.positions_gpu[start:stop],
-            model_inputs={k: v[start:stop] for k, v in self.model_inputs.items()})
+            model_inputs={k: v[start:stop] for k, v in self.model_inputs.items()},
+            prompts_cpu=self.prompts_cpu[start:stop])
 
 
 @dataclass(frozen=True)
@@ -77,16 +79,19 @@ class Engine:
         # padded decode (runners/cuda_graphs.py): deterministic mode always
         # decodes through it; use_graphs() makes it replay CUDA graphs
         self.graphs = None
+        self.prefill_graphs = None  # small prefills replay graphs too (default mode, with use_graphs())
         if fixed_shapes is not None:
             self.use_graphs(capture=False)
 
     def use_graphs(self, capture: bool = True) -> None:
         """Decode through DecodeGraphs (CUDA graphs when capture; the same padding eagerly otherwise)."""
-        from runners.cuda_graphs import DecodeGraphs
+        from runners.cuda_graphs import DecodeGraphs, PrefillGraphs
 
         shapes = self.fixed_shapes
         self.graphs = DecodeGraphs(self.model, self.kv, self.device, capture,
                                    fixed_rows=shapes.decode_rows if shapes else None)
+        if capture and shapes is None:  # deterministic prefill keeps its fixed shapes
+            self.prefill_graphs = PrefillGraphs(self.model, self.kv, self.device, self.graphs.pool)
 
     @property
     def deterministic(self) -> bool:
@@ -107,12 +112,13 @@ class Engine:
             ids = [r.prompt_ids + [0] * (t - len(r.prompt_ids)) for r in reqs]
             positions = [list(range(t)) for _ in reqs]
             model_inputs = {"input_ids": self._tensor(ids)}
+            prompts = [r.prompt_ids for r in reqs]
         else:
             # frame s-1 is fed at position prompt_len + s - 1 to sample frame s
             pos = [len(r.prompt_ids) + s - 1 for r, s in zip(reqs, scheduler_output.steps)]
             lens = [p + 1 for p in pos]
             positions = [[p] for p in pos]
-            model_inputs = {}
+            model_inputs, prompts = {}, []
         steps = list(scheduler_output.steps)
         return ForwardBatch(
             is_prefill=scheduler_output.is_prefill,
@@ -123,6 +129,7 @@ class Engine:
             steps_gpu=self._tensor(steps),
             positions_gpu=self._tensor(positions),
             model_inputs=model_inputs,
+            prompts_cpu=prompts,
         )
 
     def _batch_attention(self, fb: ForwardBatch) -> AttentionContext:
@@ -160,6 +167,10 @@ class Engine:
             return {k: torch.cat([o[k] for o in outs]) for k in outs[0]}
         if self.deterministic:  # prefill; decode went through self.graphs above
             return self._prefill_fixed(fb)
+        if self.prefill_graphs is not None:
+            logits = self.prefill_graphs.run(fb)
+            if logits is not None:
+                return logits if post is None else post(fb, logits)
         hidden = self.model(self._batch_attention(fb), **fb.model_inputs)  # [B, T, H]
         if fb.is_prefill:
             last = self._tensor([n - 1 for n in fb.lengths_cpu])

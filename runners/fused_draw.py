@@ -61,20 +61,24 @@ def _key(z):
 
 
 @triton.jit
-def _draw_kernel(scores_ptr, temp_ptr, top_k_ptr, top_p_ptr, min_p_ptr, seed_ptr, pos_ptr, tok_ptr, lp_ptr,
-                 vocab, BLOCK: tl.constexpr):
+def _draw_kernel(scores_ptr, slots_ptr, steps_ptr, temp_ptr, top_k_ptr, top_p_ptr, min_p_ptr, seed_ptr, tok_ptr,
+                 lp_ptr, hist_ptr, hist_len, vocab, STREAMS: tl.constexpr, BLOCK: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
+    # row = request * STREAMS + stream; the request's parameters live in per-slot tables
+    slot = tl.load(slots_ptr + row // STREAMS)
+    step = tl.load(steps_ptr + row // STREAMS)
+    stream = row % STREAMS
     cols = tl.arange(0, BLOCK)
     ok = cols < vocab
     neg_inf = float("-inf")
     s = tl.load(scores_ptr + row * vocab + cols, mask=ok, other=neg_inf).to(tl.float32)  # [BLOCK]
-    t = tl.load(temp_ptr + row)
+    t = tl.load(temp_ptr + slot)
     greedy = t <= 0
     z = s / tl.where(greedy, 1.0, t)
     # top-k: keep scores >= the k-th largest. The k-th largest key is found bit
     # by bit from the top (the largest K with at least k keys >= K): 32 counts
     # over the row instead of a sort, which was most of this kernel's time.
-    k = tl.load(top_k_ptr + row)
+    k = tl.load(top_k_ptr + slot)
     k = tl.where(k > 0, tl.minimum(k, vocab), vocab)
     key = _key(z)
     kth_key = tl.zeros((), dtype=tl.uint32)
@@ -86,7 +90,7 @@ def _draw_kernel(scores_ptr, temp_ptr, top_k_ptr, top_p_ptr, min_p_ptr, seed_ptr
     # top-p on the top-k survivors: drop the low tail whose mass is <= 1 - p,
     # never the top token. The tail is every key <= T for the largest T whose
     # mass (probabilities of keys <= T) is <= 1 - p, found bit by bit as above.
-    p = tl.load(top_p_ptr + row)
+    p = tl.load(top_p_ptr + slot)
     top = tl.max(z, 0)
     e = tl.exp(z - top)
     prob = e / tl.sum(e, 0)
@@ -99,15 +103,15 @@ def _draw_kernel(scores_ptr, temp_ptr, top_k_ptr, top_p_ptr, min_p_ptr, seed_ptr
     drop = (key <= tail_key) & (z < top)
     z = tl.where(p < 1.0, tl.where(drop, neg_inf, z), z)
     # min-p: drop tokens below min_p times the top probability
-    mp = tl.load(min_p_ptr + row)
+    mp = tl.load(min_p_ptr + slot)
     e2 = tl.exp(z - tl.max(z, 0))
     z = tl.where(e2 < mp * tl.max(e2, 0), neg_inf, z)
     proc = tl.where(greedy, s, z)
     lse = tl.max(proc, 0) + tl.log(tl.sum(tl.exp(proc - tl.max(proc, 0)), 0))
     lp = proc - lse
     # the seeded draw: argmax(logprobs + Gumbel noise) in float64
-    seed = tl.load(seed_ptr + row)
-    pos = tl.load(pos_ptr + row)
+    seed = tl.load(seed_ptr + slot)
+    pos = step * STREAMS + stream  # the draw position, as sglang-omni's Higgs runner
     h = _murmur3((seed & 0xFFFFFFFF).to(tl.uint32), ((seed >> 32) & 0xFFFFFFFF).to(tl.uint32),
                  (pos & 0xFFFFFFFF).to(tl.uint32), cols.to(tl.uint32))
     log_u = tl.log(h.to(tl.float64) / 4294967295.0)
@@ -116,15 +120,18 @@ def _draw_kernel(scores_ptr, temp_ptr, top_k_ptr, top_p_ptr, min_p_ptr, seed_ptr
     tok = tl.where(greedy, tl.argmax(proc, 0), tl.argmax(noisy, 0))
     tl.store(tok_ptr + row, tok.to(tl.int64))
     tl.store(lp_ptr + row, tl.sum(tl.where(cols == tok, lp, 0.0), 0))
+    tl.store(hist_ptr + (slot * STREAMS + stream) * hist_len + step, tok.to(tl.int64))
 
 
-def fused_draw(scores: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor,
-               min_p: torch.Tensor, seeds: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """sampling.draw in one kernel: scores [R, V] float; per-row params [R] -> (tokens [R] int64, logprobs [R])."""
+def fused_draw_rows(scores: torch.Tensor, slots: torch.Tensor, steps: torch.Tensor, tables: dict[str, torch.Tensor],
+                    streams: int, history: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """sampling.draw_rows in one kernel (same arguments and results)."""
     r, v = scores.shape
     tokens = torch.empty(r, dtype=torch.int64, device=scores.device)
     logprobs = torch.empty(r, dtype=torch.float32, device=scores.device)
-    _draw_kernel[(r,)](scores.contiguous(), temperature.float().contiguous(), top_k.contiguous(),
-                       top_p.float().contiguous(), min_p.float().contiguous(), seeds.contiguous(),
-                       positions.contiguous(), tokens, logprobs, v, BLOCK=triton.next_power_of_2(v))
+    # 8 warps while there are fewer rows than SMs: 20.6 against 28.2 us at 8 rows,
+    # 35.2 against 32.1 at 512 (benchmarks/draw_probe.py, H200)
+    _draw_kernel[(r,)](scores.contiguous(), slots, steps, tables["temperature"], tables["top_k"], tables["top_p"],
+                       tables["min_p"], tables["seed"], tokens, logprobs, history, history.shape[-1], v,
+                       STREAMS=streams, BLOCK=triton.next_power_of_2(v), num_warps=8 if r <= 128 else 4)
     return tokens, logprobs

@@ -164,3 +164,22 @@ def draw(
     logprobs = processed.float().log_softmax(dim=-1)
     tokens = torch.where(greedy, processed.argmax(dim=-1), seeded_argmax(logprobs, seeds, positions))
     return tokens, logprobs.gather(1, tokens[:, None]).squeeze(1)
+
+
+def draw_rows(scores: torch.Tensor, slots: torch.Tensor, steps: torch.Tensor, tables: dict[str, torch.Tensor],
+              streams: int, history: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """A decode step's draw: ``streams`` rows per request, each drawn as ``draw`` does.
+
+    scores [B * streams, V], request-major; slots, steps [B] int64 (the frame each
+    request samples); tables: per-slot parameters [S] ("temperature", "top_k",
+    "top_p", "min_p", "seed"); history [S, streams, H] int64, where each drawn
+    token is written at its request's step. Row b * streams + c draws at position
+    step * streams + c, as sglang-omni's Higgs runner. Returns (tokens, logprobs),
+    [B * streams] each.
+    """
+    slot_rows = slots.repeat_interleave(streams)
+    positions = (steps[:, None] * streams + torch.arange(streams, device=steps.device)[None, :]).reshape(-1)
+    p = {name: tables[name][slot_rows] for name in ("temperature", "top_k", "top_p", "min_p", "seed")}
+    tokens, logprobs = draw(scores, p["temperature"], p["top_k"], p["top_p"], p["min_p"], p["seed"], positions)
+    history[slots, :, steps] = tokens.view(-1, streams)
+    return tokens, logprobs

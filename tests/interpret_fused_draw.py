@@ -5,8 +5,10 @@ Random float32 scores over the Higgs vocabulary (some masked to -inf, as the
 delay pattern does; in a third of the rows integers, so that top-k cuts
 through ties), every combination of greedy / temperature, top-k, top-p and
 min-p, seeds past 2^32 (the hash's high word) and varied positions:
-the tokens must be the PyTorch path's, exactly, and their logprobs equal to
-within float32 rounding.
+the tokens must be the PyTorch path's, exactly, their logprobs equal to
+within float32 rounding, and the history they write the same. Parameters
+are read from per-slot tables at shuffled slots, with one row per request
+and with eight (request-major rows, draw position step * 8 + stream).
 """
 
 from __future__ import annotations
@@ -19,34 +21,49 @@ import torch
 from tests.interpret_decode_attention import _patch_interpreter_scalars
 
 
-def main() -> int:
-    _patch_interpreter_scalars()
-    from runners.fused_draw import fused_draw
-    from runners.sampling import draw
-
-    g = torch.Generator().manual_seed(0)
+def _case(g: torch.Generator, streams: int, fused_draw_rows, draw_rows) -> bool:
+    """Rows of requests of `streams` rows each; a request's parameters sit at a shuffled slot."""
     grid = list(itertools.product([0.0, 0.7, 1.3], [0, 1, 50], [1.0, 0.9, 0.5], [0.0, 0.05]))
-    rows = len(grid) * 2
+    n_req = len(grid) * 2 // streams
+    rows = n_req * streams
     vocab = 1026  # the Higgs codebook (1024 codes, stream BOS, EOS): not a power of two
     scores = torch.randn(rows, vocab, generator=g) * 3
     scores[::5, vocab - 2] = float("-inf")  # a forced-away stream token
     scores[1::7, : vocab - 2] = float("-inf")  # a forced stream token: one finite score
-    params = [grid[i // 2] for i in range(rows)]
-    t, k, p, m = (torch.tensor([c[j] for c in params]) for j in range(4))
-    k = k.long()
-    seeds = torch.randint(0, 2**31, (rows,), generator=g) + torch.tensor([0, 2**40] * (rows // 2))
-    positions = torch.randint(0, 4000, (rows,), generator=g)
+    n_slots = n_req + 3
+    slots = torch.randperm(n_slots, generator=g)[:n_req]
+    params = [grid[(i * 2) % len(grid)] for i in range(n_req)]
+    tables = {name: torch.zeros(n_slots, dtype=torch.int64 if name == "top_k" else torch.float32)
+              for name in ("temperature", "top_k", "top_p", "min_p")}
+    for j, name in enumerate(("temperature", "top_k", "top_p", "min_p")):
+        tables[name][slots] = torch.tensor([c[j] for c in params], dtype=tables[name].dtype)
+    tables["seed"] = torch.randint(0, 2**31, (n_slots,), generator=g) + torch.tensor([0, 2**40] * n_slots)[:n_slots]
+    steps = torch.randint(0, 500, (n_req,), generator=g)
     # ties: integer scores, so many tokens share the k-th value (all of them are kept);
     # top-p off there, since at a tie it keeps every tied copy (see fused_draw)
-    ties = len(grid) // 3
-    scores[-ties:] = torch.randint(-4, 5, (ties, vocab), generator=g).float()
-    p[-ties:] = 1.0
-    want_tok, want_lp = draw(scores, t, k, p, m, seeds, positions)
-    got_tok, got_lp = fused_draw(scores, t, k, p, m, seeds, positions)
+    ties = n_req // 3
+    scores[-ties * streams:] = torch.randint(-4, 5, (ties * streams, vocab), generator=g).float()
+    tables["top_p"][slots[-ties:]] = 1.0
+    hist_want = torch.full((n_slots, streams, 512), -1, dtype=torch.int64)
+    hist_got = hist_want.clone()
+    want_tok, want_lp = draw_rows(scores, slots, steps, tables, streams, hist_want)
+    got_tok, got_lp = fused_draw_rows(scores, slots, steps, tables, streams, hist_got)
     bad = (want_tok != got_tok).nonzero()[:, 0].tolist()
     lp_err = (want_lp - got_lp).abs().max().item()
-    print(f"{rows} rows: {len(bad)} tokens differ {bad[:5]}, max logprob difference {lp_err:.2e}")
-    return 0 if not bad and lp_err < 1e-5 else 1
+    same_history = torch.equal(hist_want, hist_got) and int((hist_got >= 0).sum()) == rows
+    print(f"{n_req} requests x {streams} rows: {len(bad)} tokens differ {bad[:5]}, "
+          f"max logprob difference {lp_err:.2e}, history {'same' if same_history else 'DIFFERS'}")
+    return not bad and lp_err < 1e-5 and same_history
+
+
+def main() -> int:
+    _patch_interpreter_scalars()
+    from runners.fused_draw import fused_draw_rows
+    from runners.sampling import draw_rows
+
+    g = torch.Generator().manual_seed(0)
+    ok = [_case(g, streams, fused_draw_rows, draw_rows) for streams in (1, 8)]
+    return 0 if all(ok) else 1
 
 
 if __name__ == "__main__":

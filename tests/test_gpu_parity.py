@@ -109,7 +109,8 @@ def teacher_forced(models):
         pos = list(range(t)) if prefill else [t + step - 1]
         return ForwardBatch(is_prefill=prefill, rids=["a"], slots_gpu=torch.tensor([0], device=dev),
                             lengths_cpu=[pos[-1] + 1], steps_cpu=[step], steps_gpu=torch.tensor([step], device=dev),
-                            positions_gpu=torch.tensor([pos], device=dev), model_inputs=inputs)
+                            positions_gpu=torch.tensor([pos], device=dev), model_inputs=inputs,
+                            prompts_cpu=[ids] if prefill else [])  # prompts given: the prefill replays a graph
 
     logits = [engine.forward(batch(True, 0, input_ids=torch.tensor([ids], device=dev)))[0]]
     for s in range(1, len(raw)):  # feed frame s-1 as the oracle did; logits for frame s

@@ -46,9 +46,10 @@ class TokenSplit:
     never sync. Without audio tokens (a plain TTS prompt), or in decode where
     every token is audio, the whole batch takes one path with no indexing."""
 
-    def __init__(self, audio_mask: torch.Tensor | None):
+    def __init__(self, audio_mask: torch.Tensor | None, all_audio: bool = True):
+        """audio_mask [B, T] bool; None: every token takes one path (``all_audio`` says which)."""
         self.text_gpu = self.audio_gpu = None  # flat token indices [n]; None when that path is empty
-        self.all_audio = audio_mask is None  # decode: every position is an audio frame
+        self.all_audio = all_audio  # decode: every position is an audio frame
         if audio_mask is None:
             return
         flat_cpu = audio_mask.reshape(-1).cpu()  # the forward's one host sync
@@ -319,13 +320,29 @@ class HiggsAudioV2LM(nn.Module):
             self.fused = True
         return self.eval()
 
+    def _audio_ids(self) -> tuple[int, int]:
+        return self.cfg.audio_token_id, self.cfg.audio_delay_token_id  # prompt tokens on the audio path
+
+    def uniform_prefill(self, prompts: list[list[int]]) -> bool:
+        """Whether a prefill of these prompts (host ids) can replay a CUDA graph: the fused
+        path, with every token on the text path (a graph cannot route tokens by value)."""
+        audio = self._audio_ids()
+        return self.fused and not any(i in audio for p in prompts for i in p)
+
+    @staticmethod
+    def uniform_split() -> TokenSplit:
+        """The routing of a prefill that ``uniform_prefill`` accepts: every token on the text path."""
+        return TokenSplit(None, all_audio=False)
+
     def forward(self, ctx: AttentionContext, input_ids: torch.Tensor | None = None,
-                audio_codes: torch.Tensor | None = None) -> torch.Tensor:
-        """Prefill: input_ids [B, T] text tokens. Decode: audio_codes [B, 1, C]. Returns hidden [B, T, H]."""
-        cfg = self.cfg
+                audio_codes: torch.Tensor | None = None, split: TokenSplit | None = None) -> torch.Tensor:
+        """Prefill: input_ids [B, T] text tokens. Decode: audio_codes [B, 1, C]. Returns hidden [B, T, H].
+        ``split``: the prefill's routing, if known on the host (else read from input_ids, one sync)."""
         if input_ids is not None:
             x = self.model.embed_tokens(input_ids)
-            split = TokenSplit((input_ids == cfg.audio_token_id) | (input_ids == cfg.audio_delay_token_id))
+            if split is None:
+                a, d = self._audio_ids()
+                split = TokenSplit((input_ids == a) | (input_ids == d))
             if self.fused and not ctx.deterministic:
                 return self._prefill_fused(x, ctx, split)
         else:

@@ -130,9 +130,10 @@ class DecodeGraphs:
 
 
 # A prefill replays a graph up to this many (padded) rows x tokens. Below it the
-# fused prefill is host-bound: 13.2 ms for one 64-token prompt and 18.6 ms for
-# eight, of which ~13 ms are launches, against a compute floor of 0.45 and 3.6 ms
-# (benchmarks/prefill.py, H200); above it the GPU work dominates.
+# eager fused prefill is host-bound: 13.2-26.5 ms for one 64-token prompt and
+# 16.5-18.6 ms for eight, ~13 ms of them launches, against 3.0 and 6.0 ms replayed
+# (benchmarks/prefill.py, H200); at 4,096 tokens (42.8 ms eager) the GPU work
+# dominates. Graphs share the decode graphs' memory pool.
 PREFILL_GRAPH_TOKENS = 1024
 _MIN_PREFILL_TOKENS = 16  # the smallest token bucket
 
@@ -157,7 +158,7 @@ class PrefillGraphs:
     def _build(self, rows: int, t: int):
         # Hazard: every tensor the graph reads must outlive it (kept in the entry): one made
         # outside the capture and dropped after it goes back to the allocator, and a replay
-        # then reads whatever reuses its memory (so did `positions` here, a first version).
+        # then reads whatever reuses that memory (an illegal address on the device, seen).
         st = {"ids": torch.zeros(rows, t, dtype=torch.int64, device=self.device),
               "slots": torch.zeros(rows, dtype=torch.int64, device=self.device),
               "last": torch.zeros(rows, dtype=torch.int64, device=self.device),  # each row's last prompt token

@@ -1,17 +1,19 @@
-"""Decode projections of 2..64 rows: cuBLAS (F.linear) against the Triton tensor-core kernel.
+"""Decode projections of a few rows: cuBLAS (F.linear) against the Triton tensor-core kernel.
 
 A decode step of a few dozen rows reads each weight once, like one row, but
 cuBLAS ran its GEMMs at ~2.9 TB/s at 64 rows (BENCHMARKS.md). This probe
 times each projection shape of one layer of the 3B model (fused QKV,
 o_proj, fused gate/up with silu·up, down, and the audio head) at each row
 count, cuBLAS against runners/fused_mm.py at a few tiles (output columns,
-reduction columns, warps, stages, reduction slices; `tileN` in the
+reduction columns, warps, stages; `tileN` in the
 table is TILES[N], or PAIRED_TILES[N] for gate/up, as the JSON records), cycling over enough weight copies that
 nothing stays in the 50 MB L2, calls back to back in one CUDA graph. Every
-result is checked against F.linear (max |diff| in the JSON). Prints µs per
+result is checked against the cuBLAS path (max |diff| in the JSON). For gate/up
+the cuBLAS column is what the model runs without the kernel: one GEMM over
+the fused weight, then silu_mul (runners/fused_ops.py). Prints µs per
 call and TB/s of weight reads, writes JSON.
 
-  python benchmarks/mm_probe.py --rows 2 8 16 32 64 --out mm_probe.json
+  python benchmarks/mm_probe.py --rows 2 8 16 32 64 128 256 --out mm_probe.json
 """
 
 from __future__ import annotations
@@ -28,22 +30,24 @@ import triton
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks.timing import graph_us  # noqa: E402
-from runners.fused_mm import PAIRED_TILE, TILE, mm  # noqa: E402
+import runners.fused_mm as fused_mm  # noqa: E402
+from runners.fused_mm import TILE, mm  # noqa: E402
+from runners import fused_ops  # noqa: E402
 
 # name: (output columns n, reduction k, silu_mul: the weight is [2n, k])
 SHAPES = {"qkv": (5120, 3072, False), "o_proj": (3072, 3072, False), "gate_up": (8192, 3072, True),
           "down": (3072, 8192, False), "audio_head": (8208, 3072, False)}
-# (output columns, reduction columns, warps, stages, reduction slices)
-TILES = [(32, 128, 4, 4, 1), (32, 128, 4, 4, 2), (32, 128, 4, 4, 4), (64, 128, 4, 4, 2), (64, 128, 4, 4, 4),
-         (16, 128, 4, 4, 2), (32, 256, 4, 3, 2), (32, 64, 4, 6, 2)]
-PAIRED_TILES = [(64, 128, 4, 4, 1), (32, 128, 4, 4, 1), (64, 64, 4, 6, 1), (128, 64, 4, 4, 1), (64, 128, 8, 4, 1),
-                (32, 64, 4, 8, 1), (64, 64, 4, 4, 1), (128, 128, 8, 3, 1)]
+# (output columns, reduction columns, warps, stages); the plain shapes' tiles are those of the
+# split-K sweep at 138d16a that did best without a split (mm_probe_h200_split.json)
+TILES = [(32, 128, 4, 4), (64, 128, 4, 4), (32, 256, 4, 3)]
+PAIRED_TILES = [(64, 128, 4, 4), (32, 128, 4, 4), (64, 64, 4, 6), (128, 64, 8, 4), (64, 128, 8, 4), (64, 64, 8, 4),
+                (128, 128, 8, 3), (128, 64, 4, 4)]
 
 
-def _reference(x, w, silu_mul: bool, n: int) -> torch.Tensor:
-    if not silu_mul:
-        return F.linear(x, w)
-    return (F.silu(F.linear(x, w[:n])) * F.linear(x, w[n:]))
+def _cublas(x, w, silu_mul: bool) -> torch.Tensor:
+    """The ops the model runs without the kernel: one cuBLAS GEMM (over the fused [2n, k] weight
+    for gate/up), then silu_mul."""
+    return fused_ops.silu_mul(F.linear(x, w)) if silu_mul else F.linear(x, w)
 
 
 def main() -> None:
@@ -52,6 +56,7 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=Path("mm_probe.json"))
     args = ap.parse_args()
     dev = torch.device("cuda")
+    fused_mm.MAX_ROWS = max(args.rows)  # the probe decides how far the kernel should serve
     out = []
     for name, (n, k, silu_mul) in SHAPES.items():
         rows_n = 2 * n if silu_mul else n
@@ -59,9 +64,9 @@ def main() -> None:
         ws = [torch.randn(rows_n, k, device=dev, dtype=torch.bfloat16) / k**0.5 for _ in range(copies)]
         for m in args.rows:
             x = torch.randn(m, k, device=dev, dtype=torch.bfloat16)
-            ref = _reference(x, ws[0], silu_mul, n).float()
+            ref = _cublas(x, ws[0], silu_mul).float()
             row = {"shape": name, "rows": m, "n": n, "k": k, "MB": rows_n * k * 2 / 2**20,
-                   "cublas_us": graph_us(lambda i: _reference(x, ws[i], silu_mul, n), copies)}
+                   "cublas_us": graph_us(lambda i: _cublas(x, ws[i], silu_mul), copies)}
             for t, tile in enumerate(PAIRED_TILES if silu_mul else TILES):
                 key = f"tile{t}"
                 row[f"{key}_tile"] = list(tile)
@@ -80,7 +85,7 @@ def main() -> None:
         cells = [f"{r[k]:6.1f}us {r['MB'] * 2**20 / r[k] / 1e6:4.2f}TB" for k in keys]
         print(f"{r['shape']:<11} {r['rows']:>4} {r['MB']:>6.1f} " + " ".join(f"{c:>15}" for c in cells))
     args.out.write_text(json.dumps({"device": torch.cuda.get_device_name(), "torch": torch.__version__,
-                                    "triton": triton.__version__, "shipped": [TILE, PAIRED_TILE], "rows": out},
+                                    "triton": triton.__version__, "shipped": TILE, "rows": out},
                                    indent=2))
 
 

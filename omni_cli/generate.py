@@ -194,15 +194,16 @@ def run_generate(opts: GenerateOptions) -> RunSummary:
                 ok += 1
             progress.row_done(record["duration_s"], ok=True)
 
-        def decode_and_write() -> None:  # on the codec thread: every row finished so far
+        def decode_and_write(after_loop: bool = False) -> None:  # on the codec thread: every row finished so far
             with backlog_lock:
                 reqs = backlog[:]
                 backlog.clear()
+                drain = after_loop or taken >= queued  # the last rows: the loop decodes nothing more
             if not reqs:
                 return  # an earlier call took them
             tokens = [np.stack(r.frames) for r in reqs]  # [frames, codebooks], as sampled
             t_call = time.perf_counter()
-            for i, wave in decode_rows(runner, tokens, batch_codec):  # writes start as each codec call ends
+            for i, wave in decode_rows(runner, tokens, batch_codec, drain):  # writes start as each codec call ends
                 pending.append(writers.submit(write, reqs[i], tokens[i], wave))
             codec_calls.append(time.perf_counter() - t_call)
 
@@ -240,7 +241,7 @@ def run_generate(opts: GenerateOptions) -> RunSummary:
             stats = None
         finally:
             t_decoded = time.perf_counter()
-            pending.append(codec_thread.submit(decode_and_write))  # rows still waiting (after Ctrl-C, say)
+            pending.append(codec_thread.submit(decode_and_write, True))  # rows still waiting (after Ctrl-C, say)
             codec_thread.shutdown(wait=True)  # every finished request decoded, its files submitted
             writers.shutdown(wait=True)  # and on disk
             t_written = time.perf_counter()
@@ -302,20 +303,24 @@ def _request(r, system: str, base_params, prompt_builder, run_seed: int | None) 
 def _warm_up(runner, template: Request, config, codec_thread, batch_codec: bool) -> None:
     """First-use costs before the first real row (omni_cli/warmup.py), with the first queued
     row as the template: the LM on this thread, the codec at once on its own thread."""
-    codec = codec_thread.submit(runner.warm_codec, template.params.max_new_frames, runner.num_slots, batch_codec)
+    frames = template.params.max_new_frames
+    codec = codec_thread.submit(runner.warm_codec, frames, runner.num_slots, batch_codec)
     warm_up_lm(runner, template, config.max_seq_len, config.async_decode)
     codec.result()
+    # the drain's larger calls last, when the LM's warm-up no longer holds memory
+    codec_thread.submit(runner.warm_codec, frames, runner.num_slots, batch_codec, True).result()
 
 
-def decode_rows(runner, tokens: list[np.ndarray], batched: bool):
+def decode_rows(runner, tokens: list[np.ndarray], batched: bool, drain: bool = False):
     """Yields (row index, its waveform or the error that kept its audio from being
-    decoded) for every row, each codec call's rows as soon as that call completes.
+    decoded) for every row, each codec call's rows as soon as that call completes
+    (``drain``: the decode loop has stopped, so calls may be larger: runner.decode_audio_calls).
 
     When a call fails (a batch out of memory, say), the rows not yet yielded
     are retried one by one, so that only a row that fails alone is lost."""
     done: set[int] = set()
     try:
-        for rows, waves in runner.decode_audio_calls(tokens, batched=batched):
+        for rows, waves in runner.decode_audio_calls(tokens, batched=batched, drain=drain):
             for i, wave in zip(rows, waves):
                 done.add(i)
                 yield i, wave

@@ -9,9 +9,10 @@ PyTorch attention. Three rows of different lengths, one with audio-position
 tokens among its text (the dual FFN routes per token), prefill then decode
 steps through the padded (uncaptured) graph path with the fused GEMMs, and
 the second row fed alone through the one-row GEMVs (runners/fused_gemv.py);
-logits must agree in float32. The GEMV kernels alone, with each fused
-neighbour, against their unfused composition at sizes that are no multiple
-of their tiles.
+logits must agree in float32. The decode's three rows take the gate/up
+kernel (runners/fused_mm.py), the prefill cuBLAS and silu_mul. The GEMV and
+mm kernels alone, with each fused neighbour, against their unfused
+composition at sizes that are no multiple of their tiles.
 Also the codec's fused Snake activation against transformers' Snake1d, and
 its masked form (zero past each row's length) against Snake1d then zeros,
 and the tiny codec's masked batch decode through it against the plain one.
@@ -72,7 +73,12 @@ def main() -> int:
     import runners.fused_gemv as fused_gemv
 
     shipped_tile, fused_gemv.TILE = fused_gemv.TILE, (128, 64, 4, 64)
+    import runners.fused_mm as fused_mm
+
+    shipped_rows = fused_mm.MAX_ROWS
     for step in range(7):
+        # the prefill's 27 tokens through cuBLAS and silu_mul, the decode's 3 rows through fused_mm
+        fused_mm.MAX_ROWS = 16 if step == 0 else shipped_rows
         if step == 0:
             fb = dict(is_prefill=True, lengths_cpu=lens, positions_gpu=torch.arange(t).expand(3, t),
                       model_inputs={"input_ids": ids})
@@ -91,7 +97,30 @@ def main() -> int:
             worst = max(worst, ((got - want).abs().max() / want.abs().max()).item())
     fused_gemv.TILE = shipped_tile
     print(f"max relative logit difference (fused GEMMs, GEMVs) {worst:.2e}")
-    return 0 if worst < 3e-6 and _gemv_matches() and _snake_matches() and _masked_codec_matches() else 1
+    ok = worst < 3e-6 and _gemv_matches() and _mm_matches()
+    return 0 if ok and _snake_matches() and _masked_codec_matches() else 1
+
+
+def _mm_matches() -> bool:
+    """fused_mm.mm, plain and with silu * up, against PyTorch (float32) at row counts on both
+    sides of the 16-row tile and column counts that are no multiple of the tiles."""
+    import torch.nn.functional as F
+
+    from runners.fused_mm import mm
+
+    g = torch.Generator().manual_seed(6)
+    n, k = 37, 96  # k: three 32-column steps at the small tile, one 32-wide step at the shipped one
+    w = torch.randn(2 * n, k, generator=g)
+    worst = 0.0
+    for m in (3, 17):
+        x = torch.randn(m, k, generator=g)
+        for tile in (None, (16, 32, 4, 2)):
+            for got, want in ((mm(x, w[:n], tile=tile), F.linear(x, w[:n])),
+                              (mm(x, w, silu_mul=True, tile=tile), F.silu(F.linear(x, w[:n])) * F.linear(x, w[n:]))):
+                assert got.shape == want.shape
+                worst = max(worst, ((got - want).abs().max() / want.abs().max()).item())
+    print(f"mm against PyTorch: max relative difference {worst:.2e}")
+    return worst < 1e-5
 
 
 def _gemv_matches() -> bool:

@@ -35,6 +35,14 @@ from runners.higgs_audio_v2.config import HiggsConfig
 # (bf16, masked, batch 64 x 8 s: 6,719 audio-s/s against 5,526 at batch 21) but were
 # measured to hurt end to end (BENCHMARKS.md), so calls stay this size.
 CODEC_BATCH_FRAMES = 4096
+# Once the decode loop has stopped (the run's last rows), no decode step waits
+# behind a codec call and prefill's activations have left the KV headroom, so
+# those calls hold up to this many frames (2.8 GiB in bf16), in a power-of-two
+# batch: 32 rows of 8 s. Where free memory (device and PyTorch's cache) is
+# short of CODEC_DRAIN_FRAMES at CODEC_FRAME_BYTES (bf16; twice that in float32:
+# the codec benchmark's peak memory, rounded up), they stay at CODEC_BATCH_FRAMES.
+CODEC_DRAIN_FRAMES = 8192
+CODEC_FRAME_BYTES = 350 << 10
 # batched rows are padded to a multiple of this many codec frames (2.56 s)
 CODEC_LENGTH_BUCKET = 64
 
@@ -199,38 +207,56 @@ class HiggsRunner(ModelRunner):
             self._codec_streams.stream = torch.cuda.Stream(self.device)
         return torch.cuda.stream(self._codec_streams.stream)
 
-    def codec_rows_per_call(self, max_new_frames: int) -> int:
-        """How many rows of max_new_frames frames one batched codec call holds."""
+    def codec_rows_per_call(self, max_new_frames: int, drain: bool = False) -> int:
+        """How many rows of max_new_frames frames one batched codec call holds (``drain``: once
+        the decode loop has stopped, if memory allows)."""
         n = len(self.codes_for_codec(np.zeros((max_new_frames, self.num_streams), dtype=np.int64)))
-        return max(1, CODEC_BATCH_FRAMES // _length_bucket(max(n, 1)))
+        return self._rows_per_call(_length_bucket(max(n, 1)), drain)
 
-    def warm_codec(self, max_new_frames: int, rows: int, batched: bool) -> None:
+    def _rows_per_call(self, length: int, drain: bool) -> int:
+        """Rows of a length bucket per batched call: within CODEC_BATCH_FRAMES, or at the drain a
+        power of two within CODEC_DRAIN_FRAMES, on CUDA when that much memory is free."""
+        rows = max(1, CODEC_BATCH_FRAMES // length)
+        if not drain:
+            return rows
+        if self.device.type == "cuda":
+            free, _ = torch.cuda.mem_get_info(self.device)
+            free += torch.cuda.memory_reserved(self.device) - torch.cuda.memory_allocated(self.device)
+            if free < CODEC_DRAIN_FRAMES * CODEC_FRAME_BYTES * next(self.codec.parameters()).element_size() // 2:
+                return rows
+        return max(rows, 1 << ((CODEC_DRAIN_FRAMES // length).bit_length() - 1))
+
+    def warm_codec(self, max_new_frames: int, rows: int, batched: bool, drain: bool = False) -> None:
         """Decode dummy codes at the shapes that rows running to max_new_frames take:
-        batched, every power-of-two batch up to ``rows`` (or what one call holds) at their
-        length bucket; else one row at their exact length. Run it on the thread that will
-        decode (cuDNN's set-up is per thread as well as per shape)."""
+        batched, every batch size a call of them can have up to ``rows`` (powers of two up to
+        what one call holds, and that many; with ``drain``, the drain's larger powers of two:
+        run those when nothing else needs the memory), at their length bucket; else one row at
+        their exact length. Run it on the thread that will decode (cuDNN's set-up is per
+        thread as well as per shape)."""
         frames = np.zeros((max_new_frames, self.num_streams), dtype=np.int64)  # max_new_frames - C codec frames
-        if len(self.codes_for_codec(frames)) == 0:
+        if len(self.codes_for_codec(frames)) == 0 or (drain and not batched):
             return
-        widest = min(rows, self.codec_rows_per_call(max_new_frames)) if batched else 1
-        n = 1
-        while True:
-            self.decode_audio([frames] * n, batched)
-            if n >= widest:
-                return
-            n = min(2 * n, widest)
+        if not batched:
+            self.decode_audio([frames], batched)
+            return
+        during = self.codec_rows_per_call(max_new_frames)
+        widest = self.codec_rows_per_call(max_new_frames, drain=True) if drain else during
+        sizes = {1 << i for i in range(widest.bit_length()) if 1 << i <= rows}
+        sizes = {n for n in sizes if n > during} if drain else sizes | {min(rows, during)}
+        for n in sorted(sizes):  # one call each
+            self.decode_audio([frames] * n, batched, drain=drain)
 
-    def decode_audio(self, tokens: list[np.ndarray], batched: bool) -> list[np.ndarray]:
+    def decode_audio(self, tokens: list[np.ndarray], batched: bool, drain: bool = False) -> list[np.ndarray]:
         """Generated frames, [T, C] per request -> waveforms, float32 [samples] each at
         ``sample_rate``: every call of decode_audio_calls, gathered in row order."""
         audio: list[np.ndarray | None] = [None] * len(tokens)
-        for rows, waves in self.decode_audio_calls(tokens, batched):
+        for rows, waves in self.decode_audio_calls(tokens, batched, drain):
             for i, wave in zip(rows, waves):
                 audio[i] = wave
         return audio
 
     @torch.inference_mode()
-    def decode_audio_calls(self, tokens: list[np.ndarray], batched: bool):
+    def decode_audio_calls(self, tokens: list[np.ndarray], batched: bool, drain: bool = False):
         """Yields (row indices, their waveforms) per codec call, as each call completes, so the
         caller can write those rows while later calls run; rows without codes come first.
 
@@ -243,8 +269,9 @@ class HiggsRunner(ModelRunner):
         then equals the row decoded alone up to rounding. Otherwise each row
         goes alone at its own length, which deterministic mode needs (its
         bytes must not depend on which rows finished with it). A call holds at
-        most CODEC_BATCH_FRAMES codec frames, and one batch runs at a time:
-        the KV cache leaves only device.KV_HEADROOM_BYTES free."""
+        most CODEC_BATCH_FRAMES codec frames (CODEC_DRAIN_FRAMES with ``drain``,
+        when the caller's decode loop has stopped and memory allows), and one
+        batch runs at a time: the KV cache leaves only device.KV_HEADROOM_BYTES free."""
         codes = [self.codes_for_codec(t) for t in tokens]
         empty = [i for i, c in enumerate(codes) if len(c) == 0]
         if empty:
@@ -260,7 +287,7 @@ class HiggsRunner(ModelRunner):
             for i in todo:
                 buckets.setdefault(_length_bucket(len(codes[i])), []).append(i)
             for length, members in buckets.items():
-                rows = max(1, CODEC_BATCH_FRAMES // length)
+                rows = self._rows_per_call(length, drain)
                 for start in range(0, len(members), rows):
                     chunk = members[start: start + rows]
                     batch = min(1 << (len(chunk) - 1).bit_length(), rows)

@@ -7,6 +7,10 @@
    / of the two-tile ones, --pairs at both: runners/fused_gemv.py TILE / PAIRED_TILE;
    a tile is rows x columns x warps x columns read ahead of the wait)
 
+--variants runs only the named ones; --mm-rows runs each at these values of
+runners/fused_mm.py: MAX_ROWS (0: gate/up on cuBLAS and silu_mul at every
+batch, for an A/B of that kernel at batch 2..64).
+
 For each batch and variant: the graphed decode forward alone (ms), and the
 whole decode step through the scheduler loop (async, median ms; 64-token
 prompts, 64 frames). Prints a table and writes JSON; it decides nothing by

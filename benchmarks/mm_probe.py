@@ -53,8 +53,11 @@ def _cublas(x, w, silu_mul: bool) -> torch.Tensor:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--rows", type=int, nargs="+", default=[2, 8, 16, 32, 64])
+    ap.add_argument("--blas", default=None, help="torch.backends.cuda.preferred_blas_library for the cuBLAS column")
     ap.add_argument("--out", type=Path, default=Path("mm_probe.json"))
     args = ap.parse_args()
+    if args.blas:
+        torch.backends.cuda.preferred_blas_library(args.blas)
     dev = torch.device("cuda")
     fused_mm.MAX_ROWS = max(args.rows)  # the probe decides how far the kernel should serve
     out = []
@@ -85,7 +88,8 @@ def main() -> None:
         cells = [f"{r[k]:6.1f}us {r['MB'] * 2**20 / r[k] / 1e6:4.2f}TB" for k in keys]
         print(f"{r['shape']:<11} {r['rows']:>4} {r['MB']:>6.1f} " + " ".join(f"{c:>15}" for c in cells))
     args.out.write_text(json.dumps({"device": torch.cuda.get_device_name(), "torch": torch.__version__,
-                                    "triton": triton.__version__, "shipped": TILE, "rows": out},
+                                    "triton": triton.__version__, "shipped": TILE,
+                                    "blas": str(torch.backends.cuda.preferred_blas_library()), "rows": out},
                                    indent=2))
 
 

@@ -1,16 +1,19 @@
 """The gate/up projection with silu·up of 2..MAX_ROWS decode rows, as one Triton tensor-core kernel (CUDA only).
 
 A decode step of a few dozen rows still reads every weight once, as one row
-does. At 64 rows cuBLAS ran the fused gate/up GEMM of the 3B model (96 MB)
-in 37.0 µs, 2.7 TB/s; this kernel takes 27.8 µs, 3.6 TB/s, and absorbs the
-silu·up kernel after it (benchmarks/mm_probe.py, H200, BENCHMARKS.md). A
-program owns BLOCK_N output columns for every row: it streams the matching
-gate rows and up rows of the weight, BLOCK_K columns a step, through a
-software pipeline of num_stages tiles, while the rows' activations
-[M_PAD, BLOCK_K] (L2-resident: 64 rows are 384 KB) ride along, and
-multiplies both on the tensor cores into two accumulators. For QKV, o_proj,
-down and the head the same kernel (EPILOGUE 0, the probe's) was slower than
-cuBLAS, with or without a split reduction, so those stay cuBLAS.
+does. The fused gate/up weight of the 3B model is 96 MB a layer; cuBLAS's
+GEMM over it and the silu_mul kernel after it took 29.9 µs at 64 rows and
+28.2 at 8, this kernel 27.9 and 26.3 (3.6-3.8 TB/s; benchmarks/mm_probe.py,
+H200, BENCHMARKS.md): a decode step 2.616 against 2.653 ms at 64 rows, 2.284
+against 2.344 at 8 (benchmarks/gemv_step.py --mm-rows 0 64). A program owns
+BLOCK_N output columns for every row: it streams the matching gate rows and
+up rows of the weight, BLOCK_K columns a step, through a software pipeline of
+num_stages tiles, while the rows' activations [M_PAD, BLOCK_K] (L2-resident:
+64 rows are 384 KB) ride along, and multiplies both on the tensor cores into
+two accumulators. For QKV, o_proj, down and the head the same kernel
+(without SILU_MUL: the probe's) was slower than cuBLAS, with or without a
+split reduction (commit 138d16a), so those stay cuBLAS; so does every
+projection above 64 rows, where these tiles run out of registers.
 
 Rounding follows the PyTorch ops it replaces: each product rounded to the
 activations' dtype (F.linear's rounding), then silu_mul's. A row's float32

@@ -16,8 +16,9 @@ memory is added), and norms, rotary embedding with the KV write, and
 silu-times-up are single kernels (runners/fused_ops.py). A decode step of a
 single row goes further: its projections are GEMVs with the norms, residual
 adds, rope with the KV write and silu-times-up inside them, five kernels a
-layer (runners/fused_gemv.py). The CPU and deterministic prefill run the plain
-modules.
+layer (runners/fused_gemv.py); up to 64 rows (tokens), gate/up and
+silu-times-up are one Triton kernel (runners/fused_mm.py). The CPU and
+deterministic prefill run the plain modules.
 
 Prefill routes each token to its layer's text or audio norms and MLP by
 index lists that are read to the host once per forward (``TokenSplit``): a

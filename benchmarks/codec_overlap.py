@@ -1,0 +1,115 @@
+"""How much of the codec's GPU time hides behind decode steps when both run at once.
+
+Decoding finished frames while the LM still decodes (a streaming codec) pays
+only if the two share the GPU well: the LM's steps at 64-256 rows are weight
+and KV reads, the codec's convolutions are arithmetic. This script times, at
+the 3B shape (random bf16 weights; the released tokenizer's codec shape):
+STEPS graphed decode forwards of B rows back to back on a high-priority
+stream (as the loop runs, runners/device.py: priority_stream); CALLS masked
+codec decodes of ROWS rows x 192 frames on another thread and stream; and
+both at once. hidden = (LM alone + codec alone - both) / codec alone: the
+share of the codec's time the overlap saved. Prints a table and writes JSON.
+
+  python benchmarks/codec_overlap.py --batch 64 256 --out codec_overlap.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from benchmarks.step_profile import _decode_batch  # noqa: E402
+from omni_cli.bench import random_model  # noqa: E402
+from runners.attention import KVCache  # noqa: E402
+from runners.device import priority_stream  # noqa: E402
+from runners.engine import Engine  # noqa: E402
+from runners.higgs_audio_v2.codec import HiggsCodecDecoder  # noqa: E402
+from runners.higgs_audio_v2.shapes import codec_config  # noqa: E402
+
+
+def main() -> None:
+    from transformers import HiggsAudioV2TokenizerModel
+
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--batch", type=int, nargs="+", default=[64, 256])
+    ap.add_argument("--steps", type=int, default=200)
+    ap.add_argument("--rows", type=int, default=21, help="codec rows a call (omni generate's calls beside the loop)")
+    ap.add_argument("--calls", type=int, default=4)
+    ap.add_argument("--kv-len", type=int, default=164)
+    ap.add_argument("--out", type=Path, default=Path("codec_overlap.json"))
+    args = ap.parse_args()
+    dev = torch.device("cuda")
+    _, model, _ = random_model("higgs-audio-v2-3b", torch.bfloat16, dev, 512)
+    with tempfile.TemporaryDirectory() as tmp:
+        HiggsAudioV2TokenizerModel(codec_config("higgs-audio-v2-3b")).save_pretrained(tmp)
+        codec = HiggsCodecDecoder.load(Path(tmp), torch.bfloat16, dev)
+    codes = torch.randint(0, 1024, (args.rows, 8, 192), device=dev)
+    lengths = torch.full((args.rows,), 192, device=dev)
+    cfg = model.cfg
+    out = []
+    for b in args.batch:
+        kv = KVCache(cfg.num_hidden_layers, b + 1, cfg.num_key_value_heads, 512, cfg.head_dim, torch.bfloat16, dev)
+        engine = Engine(model, kv, dev)
+        engine.use_graphs()
+        fb = _decode_batch(engine, b, args.kv_len, cfg.num_codebooks)
+
+        def lm() -> float:
+            with priority_stream(dev):
+                engine.forward(fb)  # capture outside the timing
+                torch.cuda.current_stream().synchronize()
+                t0 = time.perf_counter()
+                for _ in range(args.steps):
+                    engine.forward(fb)
+                torch.cuda.current_stream().synchronize()
+            return time.perf_counter() - t0
+
+        def codec_calls(result: list) -> None:
+            stream = torch.cuda.Stream()
+            with torch.cuda.stream(stream), torch.inference_mode():
+                t0 = time.perf_counter()
+                for _ in range(args.calls):
+                    codec.decode(codes, lengths).cpu()
+                result.append(time.perf_counter() - t0)
+
+        def both() -> tuple[float, float]:
+            res: list = []
+            th = threading.Thread(target=codec_calls, args=(res,))
+            t0 = time.perf_counter()
+            th.start()
+            lm_s = lm()
+            th.join()
+            return time.perf_counter() - t0, lm_s
+
+        warm: list = []
+        codec_calls(warm)  # cuDNN's first call at this shape, on a thread, as in omni generate
+        lm()
+        lm_alone = lm()
+        res: list = []
+        codec_calls(res)
+        codec_alone = res[0]
+        together, lm_beside = both()
+        row = {"batch": b, "steps": args.steps, "codec_rows": args.rows, "codec_calls": args.calls,
+               "lm_alone_s": lm_alone, "codec_alone_s": codec_alone, "both_s": together,
+               "lm_steps_beside_codec_s": lm_beside,
+               "hidden": (lm_alone + codec_alone - together) / codec_alone}
+        out.append(row)
+        print(f"batch {b:>3}: LM {lm_alone:.3f} s ({1e3 * lm_alone / args.steps:.2f} ms a step), codec "
+              f"{codec_alone:.3f} s, both {together:.3f} s (LM {lm_beside:.3f} s): hidden {100 * row['hidden']:.0f}%",
+              flush=True)
+        del engine, kv
+        torch.cuda.empty_cache()
+    args.out.write_text(json.dumps({"device": torch.cuda.get_device_name(), "torch": torch.__version__,
+                                    "rows": out}, indent=2))
+
+
+if __name__ == "__main__":
+    main()

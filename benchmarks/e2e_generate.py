@@ -102,7 +102,7 @@ def run(root: Path, rows: int, batch: int, frames: int, async_decode: bool, vary
             "audio_s": audio, "audio_s_per_s_generate": audio / gen, "audio_s_per_s_wall": audio / wall,
             **{k: info["timings"][k] for k in ("loop_s", "prefill_s", "prefill_steps", "write_tail_s", "codec_calls",
                                                 "codec_s", "codec_max_call_s")},
-            "step_ms": info["timings"]["step_ms"],
+            "step_ms": info["timings"]["step_ms"], "kv_budget": info["kv_budget"],
             "query_hits": info["async_decode"]["query_hits"], "query_misses": info["async_decode"]["query_misses"]}
 
 

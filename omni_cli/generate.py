@@ -260,6 +260,7 @@ def run_generate(opts: GenerateOptions) -> RunSummary:
         "device": str(device) + (f" ({torch.cuda.get_device_name(device)})" if device.type == "cuda" else ""),
         "dtype": config.dtype,
         "kv_slots": runner.num_slots,
+        "kv_budget": runner.kv_budget,  # free memory and what was kept from it (CUDA), MiB
         "command": {k: (str(v) if isinstance(v, Path) else v) for k, v in opts.__dict__.items()},
         "totals": {"rows": len(rows), "ok": ok, "failed": failed, "interrupted": interrupted,
                    "frames": progress.frames, "audio_s": round(progress.audio_s, 3)},

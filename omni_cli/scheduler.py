@@ -89,12 +89,18 @@ class SlotPool:
         self._free.append(slot)
 
 
+def prefill_token_budget(max_seq_len: int) -> int:
+    """Padded tokens one prefill may hold by default (the runner sizes its memory for it)."""
+    return max(max_seq_len, 4096)
+
+
 class Scheduler:
     def __init__(self, max_batch_size: int, max_seq_len: int, max_prefill_tokens: int | None = None):
         self.max_batch_size = max_batch_size
         self.max_seq_len = max_seq_len
-        # bounds the activation memory of one prefill; a longer prompt runs alone
-        self.max_prefill_tokens = max_prefill_tokens or max(max_seq_len, 4096)
+        # bounds the activation memory of one prefill, which runs every row at the length of its
+        # longest prompt: rows x that length stays within it (a longer prompt runs alone)
+        self.max_prefill_tokens = max_prefill_tokens or prefill_token_budget(max_seq_len)
         self.slots = SlotPool(max_batch_size)
         self.refill = max(1, max_batch_size // 8)  # free slots that make a prefill worth its stall
         self.waiting: deque[Request] = deque()
@@ -121,18 +127,19 @@ class Scheduler:
         nothing can run now.
         """
         admitted: list[Request] = []
-        tokens = 0
+        longest = 0  # the admitted prompts' longest: the prefill pads every row to it
         ready = [r for r in self.running if r.num_scheduled < r.params.max_new_frames]
         free = self.slots.num_free
         admit = free > 0 and (free >= min(self.refill, len(self.waiting)) or not ready)
         while admit and self.waiting and self.slots.num_free > 0:
             nxt = self.waiting[0]
-            if admitted and tokens + len(nxt.prompt_ids) > self.max_prefill_tokens:
+            padded = max(longest, len(nxt.prompt_ids))
+            if admitted and (len(admitted) + 1) * padded > self.max_prefill_tokens:
                 break
             self.waiting.popleft()
             nxt.slot = self.slots.allocate()
             nxt.status = Status.RUNNING
-            tokens += len(nxt.prompt_ids)
+            longest = padded
             admitted.append(nxt)
         if admitted:
             self.running.extend(admitted)

@@ -34,14 +34,33 @@ def host_buffer(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device
     return torch.empty(shape, dtype=dtype, device="cpu", pin_memory=device.type == "cuda")
 
 
-# KV headroom: prefill activations (a 32-prompt chunk of 2048-token buckets at
-# the 3B width peaks near 2 GiB), the graph pool, the codec and the allocator's slack
-KV_HEADROOM_BYTES = 4 << 30
+# What a run needs beside weights, KV cache, its widest prefill's activations
+# (measured at start-up: peak_bytes) and the codec's calls (runners/higgs_audio_v2/
+# runner.py): the CUDA graphs' pool (decode steps, small prefills), cuBLAS and cuDNN
+# workspaces, the allocator's fragmentation
+RUNTIME_SLACK_BYTES = 1 << 30
 
 
-def kv_slots_within(free_bytes: int, per_slot_bytes: int, wanted: int, headroom: int = KV_HEADROOM_BYTES) -> int:
-    """How many KV slots (one running request each, plus the padding slot) fit in free memory."""
+def kv_slots_within(free_bytes: int, per_slot_bytes: int, wanted: int, headroom: int) -> int:
+    """How many KV slots (one running request each, plus the padding slot) fit in free memory
+    once `headroom` bytes are left for everything else."""
     return min(wanted, max((free_bytes - headroom) // per_slot_bytes - 1, 0))
+
+
+def peak_bytes(fn, device: torch.device) -> int:
+    """Runs fn(); on CUDA, the device memory it allocated at its peak beyond what was allocated
+    before, with its cached blocks handed back after; 0 on the CPU (which keeps no budget)."""
+    if device.type != "cuda":
+        fn()
+        return 0
+    torch.cuda.synchronize(device)
+    base = torch.cuda.memory_allocated(device)
+    torch.cuda.reset_peak_memory_stats(device)
+    fn()
+    torch.cuda.synchronize(device)
+    peak = torch.cuda.max_memory_allocated(device) - base
+    torch.cuda.empty_cache()
+    return peak
 
 
 def free_memory(device: torch.device) -> int | None:

@@ -143,6 +143,37 @@ def test_gate_up_kernel_is_as_close_to_exact_as_cublas_and_silu_mul_on_cuda():
         assert torch.equal(mm(other, w, silu_mul=True)[0], got[0]), m
 
 
+def test_kv_budget_keeps_room_for_the_widest_prefill_it_measured(tmp_path):
+    """On CUDA the KV budget's prefill term is measured at start-up. A prefill of the widest
+    shape the scheduler admits (rows x the longest prompt within prefill_token_budget), run
+    afterwards through the built runner's engine, allocates no more than that term; and the
+    KV cache plus everything kept beside it fits in the free memory the budget saw."""
+    import torch
+
+    import runners.higgs_audio_v2 as higgs
+    from omni_cli.config import load_config
+    from omni_cli.scheduler import prefill_token_budget
+    from runners.device import peak_bytes
+    from runners.engine import ForwardBatch
+
+    cfg = write_config(tmp_path / "m.yaml", TINY, max_seq_len=256)
+    cfg.write_text(cfg.read_text().replace("dtype: float32", "dtype: bfloat16").replace("device: cpu", "device: cuda"))
+    runner = higgs.build(load_config(str(cfg)), torch.bfloat16, torch.device("cuda"))[0]
+    budget = runner.kv_budget
+    assert budget["prefill_peak_mib"] > 0
+    kept = budget["prefill_peak_mib"] + budget["codec_mib"] + budget["slack_mib"]
+    assert budget["kv_mib"] + kept <= budget["free_mib"]
+    dev, t = torch.device("cuda"), 256
+    rows = min(prefill_token_budget(t) // t, runner.num_slots)
+    slots = torch.arange(rows, device=dev)
+    fb = ForwardBatch(is_prefill=True, rids=[str(i) for i in range(rows)], slots_gpu=slots, lengths_cpu=[t] * rows,
+                      steps_cpu=[0] * rows, steps_gpu=torch.zeros_like(slots),
+                      positions_gpu=torch.arange(t, device=dev).expand(rows, t),
+                      model_inputs={"input_ids": torch.randint(0, runner.cfg.audio_bos_token_id - 16, (rows, t),
+                                                               device=dev)})  # text tokens
+    assert peak_bytes(lambda: runner.engine.forward(fb), dev) <= budget["prefill_peak_mib"] * 2**20 * 1.05 + 2**20
+
+
 def test_small_prefills_replay_graphs_within_bf16_rounding_of_eager():
     """Prefills of one and of three prompts (padded rows and tokens) through PrefillGraphs against
     the eager fused prefill, on a 2-layer model at the 3B hidden sizes: logits and the KV written

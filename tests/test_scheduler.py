@@ -67,6 +67,21 @@ def test_prefill_token_budget():
     assert [r.rid for r in sched.schedule().requests] == ["r1"]
 
 
+def test_prefill_budget_counts_the_padding_to_the_longest_prompt():
+    """A prefill runs every row at its longest prompt's length, so a long prompt after short
+    ones (2 + 8 real tokens, but 2 x 8 computed) starts the next prefill instead."""
+    sched = Scheduler(max_batch_size=8, max_seq_len=100, max_prefill_tokens=10)
+    for i, n in enumerate((2, 2, 8, 3, 3, 3)):
+        sched.add(_req(i, n, 5))
+    batches = []
+    while sched.waiting:
+        out = sched.schedule()
+        assert out.is_prefill
+        batches.append([r.rid for r in out.requests])
+        assert len(out.requests) * max(len(r.prompt_ids) for r in out.requests) <= 10
+    assert batches == [["r0", "r1"], ["r2"], ["r3", "r4", "r5"]]
+
+
 def test_request_that_cannot_fit_is_rejected():
     sched = Scheduler(max_batch_size=1, max_seq_len=20)
     with pytest.raises(ValueError, match="over max_seq_len 20"):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import time
 
 import torch
 
@@ -10,13 +11,14 @@ from omni_cli.config import ModelConfig
 from omni_cli.errors import OmniError
 from runners.attention import KVCache
 from runners.checkpoint import load_into, read_safetensors, resolve_folder
-from runners.device import free_memory, kv_slots_within
-from runners.engine import Engine, FixedShapes
+from omni_cli.scheduler import prefill_token_budget
+from runners.device import RUNTIME_SLACK_BYTES, free_memory, kv_slots_within, peak_bytes
+from runners.engine import Engine, FixedShapes, ForwardBatch
 from runners.higgs_audio_v2.codec import HiggsCodecDecoder
 from runners.higgs_audio_v2.config import HiggsConfig
 from runners.higgs_audio_v2.model import HiggsAudioV2LM
 from runners.higgs_audio_v2.prompt import PromptBuilder
-from runners.higgs_audio_v2.runner import HiggsRunner
+from runners.higgs_audio_v2.runner import CODEC_BATCH_FRAMES, CODEC_FRAME_BYTES, HiggsRunner
 
 # present in released checkpoints, unused for generation (as in transformers,
 # which lists it in _keys_to_ignore_on_load_unexpected)
@@ -45,7 +47,7 @@ def build(config: ModelConfig, dtype: torch.dtype, device: torch.device,
     load_into(model, read_safetensors(lm_dir), lm_dir, ignore=IGNORED_KEYS)
     model = model.to_runtime(device, dtype)
     codec = HiggsCodecDecoder.load(codec_dir, dtype, device)
-    slots = _kv_slots(config, cfg, dtype, device)
+    slots, budget = _kv_slots(config, cfg, model, dtype, device)
     # one spare slot for padding rows (deterministic chunks, CUDA-graph buckets) to write to
     kv = KVCache(cfg.num_hidden_layers, slots + 1, cfg.num_key_value_heads, config.max_seq_len,
                  cfg.head_dim, dtype, device)
@@ -53,6 +55,7 @@ def build(config: ModelConfig, dtype: torch.dtype, device: torch.device,
     if device.type == "cuda":
         engine.use_graphs()  # the CPU path stays eager
     runner = HiggsRunner(engine, cfg, codec, slots, config.max_seq_len, device, raw_logprobs)
+    runner.kv_budget = budget
     return runner, PromptBuilder(lm_dir, cfg.audio_bos_token_id)
 
 
@@ -66,17 +69,53 @@ def _default_dtype(dtype: torch.dtype):
         torch.set_default_dtype(before)
 
 
-def _kv_slots(config: ModelConfig, cfg: HiggsConfig, dtype: torch.dtype, device: torch.device) -> int:
+def _kv_slots(config: ModelConfig, cfg: HiggsConfig, model: HiggsAudioV2LM, dtype: torch.dtype,
+              device: torch.device) -> tuple[int, dict | None]:
     """Requests that may run at once: max_batch_size, or fewer where the KV cache of that
-    many would not fit in the memory left once weights and codec are loaded."""
+    many would not fit in the memory left once weights and codec are loaded and room is kept
+    for the rest of the run: the widest prefill's activations (measured here), the codec's
+    calls beside the loop, RUNTIME_SLACK_BYTES. Also the budget's terms (run.json), None
+    where there is no budget (the CPU)."""
     per_slot = 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * config.max_seq_len * cfg.head_dim
     per_slot *= torch.finfo(dtype).bits // 8
-    free = free_memory(device)
-    if free is None:
-        return config.max_batch_size
-    slots = kv_slots_within(free, per_slot, config.max_batch_size)
+    if free_memory(device) is None:
+        return config.max_batch_size, None
+    t0 = time.perf_counter()
+    prefill = _widest_prefill_bytes(config, cfg, model, dtype, device)
+    measured_s = time.perf_counter() - t0  # a cold process compiles the prefill's kernels here
+    free = free_memory(device)  # after the measurement: the workspaces it created stay
+    # the codec's calls beside the loop, at the per-frame peak measured for the released
+    # codec (runners/higgs_audio_v2/runner.py); the drain's larger calls check free memory
+    codec = CODEC_BATCH_FRAMES * CODEC_FRAME_BYTES * (torch.finfo(dtype).bits // 8) // 2
+    headroom = prefill + codec + RUNTIME_SLACK_BYTES
+    slots = kv_slots_within(free, per_slot, config.max_batch_size, headroom)
     if slots < 1:
         raise OmniError(f"{config.path}: not enough free memory on {device} for one request's KV cache at "
                         f"max_seq_len {config.max_seq_len} ({per_slot / 2**20:.0f} MiB per request, "
-                        f"{free / 2**30:.1f} GiB free): lower max_seq_len")
-    return slots
+                        f"{free / 2**30:.1f} GiB free, {headroom / 2**30:.1f} GiB of it kept for "
+                        f"activations, codec and workspaces): lower max_seq_len")
+    mib = lambda n: round(n / 2**20, 1)  # noqa: E731
+    return slots, {"free_mib": mib(free), "kv_slot_mib": mib(per_slot), "prefill_peak_mib": mib(prefill),
+                   "codec_mib": mib(codec), "slack_mib": mib(RUNTIME_SLACK_BYTES), "kv_mib": mib(per_slot * (slots + 1)),
+                   "prefill_measured_in_s": round(measured_s, 3)}
+
+
+def _widest_prefill_bytes(config: ModelConfig, cfg: HiggsConfig, model: HiggsAudioV2LM, dtype: torch.dtype,
+                          device: torch.device) -> int:
+    """Activation bytes of the widest prefill a step admits (omni_cli/scheduler.py: rows x
+    the longest prompt within prefill_token_budget), measured by running one: rows of
+    max_seq_len text tokens through the path the run takes (fused, or deterministic mode's
+    fixed chunks), on a one-slot cache that every row writes (its contents are never read)."""
+    t = config.max_seq_len
+    rows = max(1, prefill_token_budget(t) // t)
+    kv = KVCache(cfg.num_hidden_layers, 1, cfg.num_key_value_heads, t, cfg.head_dim, dtype, device)
+    engine = Engine(model, kv, device, DETERMINISTIC_SHAPES[device.type] if config.deterministic else None)
+    zeros = torch.zeros(rows, dtype=torch.int64, device=device)
+    fb = ForwardBatch(is_prefill=True, rids=[str(i) for i in range(rows)], slots_gpu=zeros, lengths_cpu=[t] * rows,
+                      steps_cpu=[0] * rows, steps_gpu=zeros, positions_gpu=torch.arange(t, device=device).expand(rows, t),
+                      model_inputs={"input_ids": torch.zeros(rows, t, dtype=torch.int64, device=device)})
+    peak = peak_bytes(lambda: engine.forward(fb), device)
+    del engine, kv
+    if device.type == "cuda":
+        torch.cuda.empty_cache()  # the one-slot cache too
+    return peak

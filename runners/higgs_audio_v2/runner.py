@@ -31,12 +31,12 @@ from runners.higgs_audio_v2.config import HiggsConfig
 
 # codec frames per batched decode call: ~1.4 GiB of activations at the 3B codec
 # in bf16 (~340 KB a frame, measured by benchmarks/codec_decode.py), which the
-# KV headroom (runners/device.py) leaves room for. Larger calls decode faster
+# KV budget keeps free (runners/higgs_audio_v2/__init__.py). Larger calls decode faster
 # (bf16, masked, batch 64 x 8 s: 6,719 audio-s/s against 5,526 at batch 21) but were
 # measured to hurt end to end (BENCHMARKS.md), so calls stay this size.
 CODEC_BATCH_FRAMES = 4096
 # Once the decode loop has stopped (the run's last rows), no decode step waits
-# behind a codec call and prefill's activations have left the KV headroom, so
+# behind a codec call and the room kept for prefill's activations is free, so
 # those calls hold up to this many frames (2.8 GiB in bf16), in a power-of-two
 # batch: 32 rows of 8 s. Where free memory (device and PyTorch's cache) is
 # short of CODEC_DRAIN_FRAMES at CODEC_FRAME_BYTES (bf16; twice that in float32:
@@ -65,6 +65,7 @@ class HiggsRunner(ModelRunner):
         if codec.num_quantizers != cfg.num_codebooks:
             raise ValueError(f"codec has {codec.num_quantizers} quantizers, the model {cfg.num_codebooks} codebooks")
         self.codec = codec
+        self.kv_budget: dict | None = None  # the KV budget's terms, set by build (run.json)
         self._codec_streams = threading.local()  # one CUDA stream per calling thread
         self._codec_lock = threading.Lock()  # one batched codec call at a time (its memory)
         self.sample_rate = codec.sample_rate
@@ -271,7 +272,7 @@ class HiggsRunner(ModelRunner):
         bytes must not depend on which rows finished with it). A call holds at
         most CODEC_BATCH_FRAMES codec frames (CODEC_DRAIN_FRAMES with ``drain``,
         when the caller's decode loop has stopped and memory allows), and one
-        batch runs at a time: the KV cache leaves only device.KV_HEADROOM_BYTES free."""
+        batch runs at a time: the KV budget keeps room for one (__init__.py: _kv_slots)."""
         codes = [self.codes_for_codec(t) for t in tokens]
         empty = [i for i, c in enumerate(codes) if len(c) == 0]
         if empty:

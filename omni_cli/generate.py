@@ -318,7 +318,8 @@ def decode_rows(runner, tokens: list[np.ndarray], batched: bool, drain: bool = F
     (``drain``: the decode loop has stopped, so calls may be larger: runner.decode_audio_calls).
 
     When a call fails (a batch out of memory, say), the rows not yet yielded
-    are retried one by one, so that only a row that fails alone is lost."""
+    are retried: after a drain call at the usual call size, then one by one,
+    so that only a row that fails alone is lost."""
     done: set[int] = set()
     try:
         for rows, waves in runner.decode_audio_calls(tokens, batched=batched, drain=drain):
@@ -330,11 +331,14 @@ def decode_rows(runner, tokens: list[np.ndarray], batched: bool, drain: bool = F
         if len(tokens) == 1:
             yield 0, e
             return
-    for i, t in enumerate(tokens):
-        if i in done:
-            continue
+    rest = [i for i in range(len(tokens)) if i not in done]
+    if drain:
+        for j, wave in decode_rows(runner, [tokens[i] for i in rest], batched):
+            yield rest[j], wave
+        return
+    for i in rest:
         try:
-            yield i, runner.decode_audio([t], batched=False)[0]
+            yield i, runner.decode_audio([tokens[i]], batched=False)[0]
         except (RuntimeError, ValueError) as e:
             yield i, e
 

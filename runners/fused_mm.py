@@ -63,9 +63,14 @@ def _mm_kernel(x_ptr, w_ptr, y_ptr, m, n, k, stride_x,
     tl.store(y_ptr + offs_m[:, None] * n + offs_n[None, :], y, mask=out_ok)
 
 
-def takes(m: int, k: int) -> bool:
-    """Whether mm runs m rows of reduction length k (tensor-core tiles need k % 16 == 0)."""
-    return 0 < m <= MAX_ROWS and k % 16 == 0
+def takes(x: torch.Tensor) -> bool:
+    """Whether mm runs these activations x [m, k]: up to MAX_ROWS rows, k % 16 == 0 (tensor-core
+    tiles), and on CUDA 16-bit: the tiles are sized for it (float32 at TILE would not fit in
+    shared memory, and its full-precision products would not use the tensor cores; it takes
+    cuBLAS). On the CPU only Triton's interpreter runs the kernel (tests), in any dtype."""
+    m, k = x.shape
+    tiles_fit = x.device.type != "cuda" or x.dtype in (torch.bfloat16, torch.float16)
+    return 0 < m <= MAX_ROWS and k % 16 == 0 and tiles_fit
 
 
 def mm(x: torch.Tensor, weight: torch.Tensor, *, silu_mul: bool = False,
@@ -73,9 +78,9 @@ def mm(x: torch.Tensor, weight: torch.Tensor, *, silu_mul: bool = False,
     """x [m, k] (m <= MAX_ROWS) -> [m, n] in x's dtype: x @ weight.T for weight [n, k]; with
     silu_mul, weight is [2n, k], gate rows then up rows, and the result silu(gate) * up.
     tile (output columns, reduction columns, warps, stages) per program: TILE unless a probe
-    sweeps it. float32 inputs multiply in full precision (cuBLAS's default), not TF32."""
+    sweeps it. float32 inputs (the interpreter's) multiply in full precision, not TF32."""
     m, k = x.shape
-    assert takes(m, k), "wider batches take cuBLAS"
+    assert takes(x), "wider batches (and float32 on CUDA) take cuBLAS"
     n = weight.shape[0] // (2 if silu_mul else 1)
     block_n, block_k, warps, stages = tile or TILE
     block_k = min(block_k, k & -k)  # the reduction runs unmasked: a power of two dividing k

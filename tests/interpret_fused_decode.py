@@ -10,7 +10,7 @@ tokens among its text (the dual FFN routes per token), prefill then decode
 steps through the padded (uncaptured) graph path with the fused GEMMs, and
 the second row fed alone through the one-row GEMVs (runners/fused_gemv.py);
 logits must agree in float32. The decode's three rows take the gate/up
-kernel (runners/fused_mm.py), the prefill cuBLAS and silu_mul. The GEMV and
+kernel (runners/fused_mm.py), the prefill's text tokens cuBLAS and silu_mul. The GEMV and
 mm kernels alone, with each fused neighbour, against their unfused
 composition at sizes that are no multiple of their tiles.
 Also the codec's fused Snake activation against transformers' Snake1d, and
@@ -77,7 +77,9 @@ def main() -> int:
 
     shipped_rows = fused_mm.MAX_ROWS
     for step in range(7):
-        # the prefill's 27 tokens through cuBLAS and silu_mul, the decode's 3 rows through fused_mm
+        # the prefill's 24 text tokens through cuBLAS and silu_mul (its 3 audio-position tokens,
+        # routed to the audio MLP, and the one-row engine's prefill through fused_mm), the
+        # decode's 3 rows through fused_mm
         fused_mm.MAX_ROWS = 16 if step == 0 else shipped_rows
         if step == 0:
             fb = dict(is_prefill=True, lengths_cpu=lens, positions_gpu=torch.arange(t).expand(3, t),

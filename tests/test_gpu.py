@@ -145,9 +145,9 @@ def test_gate_up_kernel_is_as_close_to_exact_as_cublas_and_silu_mul_on_cuda():
 
 def test_kv_budget_keeps_room_for_the_widest_prefill_it_measured(tmp_path):
     """On CUDA the KV budget's prefill term is measured at start-up. A prefill of the widest
-    shape the scheduler admits (rows x the longest prompt within prefill_token_budget), run
-    afterwards through the built runner's engine, allocates no more than that term; and the
-    KV cache plus everything kept beside it fits in the free memory the budget saw."""
+    shape the scheduler admits (as many rows as there are slots and max_seq_len tokens each
+    fit in prefill_token_budget), run afterwards through the built runner's engine, allocates
+    no more than that term."""
     import torch
 
     import runners.higgs_audio_v2 as higgs
@@ -161,8 +161,6 @@ def test_kv_budget_keeps_room_for_the_widest_prefill_it_measured(tmp_path):
     runner = higgs.build(load_config(str(cfg)), torch.bfloat16, torch.device("cuda"))[0]
     budget = runner.kv_budget
     assert budget["prefill_peak_mib"] > 0
-    kept = budget["prefill_peak_mib"] + budget["codec_mib"] + budget["slack_mib"]
-    assert budget["kv_mib"] + kept <= budget["free_mib"]
     dev, t = torch.device("cuda"), 256
     rows = min(prefill_token_budget(t) // t, runner.num_slots)
     slots = torch.arange(rows, device=dev)

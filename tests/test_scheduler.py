@@ -68,10 +68,11 @@ def test_prefill_token_budget():
 
 
 def test_prefill_budget_counts_the_padding_to_the_longest_prompt():
-    """A prefill runs every row at its longest prompt's length, so a long prompt after short
-    ones (2 + 8 real tokens, but 2 x 8 computed) starts the next prefill instead."""
+    """A prefill runs every row at its longest prompt's length, so a long prompt after a short
+    one (2 + 8 = 10 real tokens, within the budget, but 2 x 8 computed) starts the next
+    prefill instead."""
     sched = Scheduler(max_batch_size=8, max_seq_len=100, max_prefill_tokens=10)
-    for i, n in enumerate((2, 2, 8, 3, 3, 3)):
+    for i, n in enumerate((2, 8, 3, 3, 3)):
         sched.add(_req(i, n, 5))
     batches = []
     while sched.waiting:
@@ -79,7 +80,7 @@ def test_prefill_budget_counts_the_padding_to_the_longest_prompt():
         assert out.is_prefill
         batches.append([r.rid for r in out.requests])
         assert len(out.requests) * max(len(r.prompt_ids) for r in out.requests) <= 10
-    assert batches == [["r0", "r1"], ["r2"], ["r3", "r4", "r5"]]
+    assert batches == [["r0"], ["r1"], ["r2", "r3", "r4"]]
 
 
 def test_request_that_cannot_fit_is_rejected():

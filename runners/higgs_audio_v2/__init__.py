@@ -96,23 +96,27 @@ def _kv_slots(config: ModelConfig, cfg: HiggsConfig, model: HiggsAudioV2LM, dtyp
                         f"activations, codec and workspaces): lower max_seq_len")
     mib = lambda n: round(n / 2**20, 1)  # noqa: E731
     return slots, {"free_mib": mib(free), "kv_slot_mib": mib(per_slot), "prefill_peak_mib": mib(prefill),
-                   "codec_mib": mib(codec), "slack_mib": mib(RUNTIME_SLACK_BYTES), "kv_mib": mib(per_slot * (slots + 1)),
-                   "prefill_measured_in_s": round(measured_s, 3)}
+                   "codec_mib": mib(codec), "slack_mib": mib(RUNTIME_SLACK_BYTES),
+                   "kv_mib": mib(per_slot * (slots + 1)), "prefill_measured_in_s": round(measured_s, 3)}
 
 
 def _widest_prefill_bytes(config: ModelConfig, cfg: HiggsConfig, model: HiggsAudioV2LM, dtype: torch.dtype,
                           device: torch.device) -> int:
-    """Activation bytes of the widest prefill a step admits (omni_cli/scheduler.py: rows x
-    the longest prompt within prefill_token_budget), measured by running one: rows of
-    max_seq_len text tokens through the path the run takes (fused, or deterministic mode's
-    fixed chunks), on a one-slot cache that every row writes (its contents are never read)."""
+    """Activation bytes of the widest prefill a step admits (omni_cli/scheduler.py: at most
+    max_batch_size rows, rows x the longest prompt within prefill_token_budget), measured by
+    running one at least as wide: rows of max_seq_len text tokens, as many as cover the
+    budget (where max_seq_len does not divide it, up to one row more than it admits), through
+    the path the run takes (fused, or deterministic mode's fixed chunks, which pad to their
+    own row count), on a one-slot cache that every row writes (what it then holds, and the
+    logits, are garbage, and dropped)."""
     t = config.max_seq_len
-    rows = max(1, prefill_token_budget(t) // t)
+    rows = min(-(-prefill_token_budget(t) // t), config.max_batch_size)
     kv = KVCache(cfg.num_hidden_layers, 1, cfg.num_key_value_heads, t, cfg.head_dim, dtype, device)
     engine = Engine(model, kv, device, DETERMINISTIC_SHAPES[device.type] if config.deterministic else None)
     zeros = torch.zeros(rows, dtype=torch.int64, device=device)
     fb = ForwardBatch(is_prefill=True, rids=[str(i) for i in range(rows)], slots_gpu=zeros, lengths_cpu=[t] * rows,
-                      steps_cpu=[0] * rows, steps_gpu=zeros, positions_gpu=torch.arange(t, device=device).expand(rows, t),
+                      steps_cpu=[0] * rows, steps_gpu=zeros,
+                      positions_gpu=torch.arange(t, device=device).expand(rows, t),
                       model_inputs={"input_ids": torch.zeros(rows, t, dtype=torch.int64, device=device)})
     peak = peak_bytes(lambda: engine.forward(fb), device)
     del engine, kv

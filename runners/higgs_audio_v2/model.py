@@ -119,12 +119,12 @@ class MLP(nn.Module):
         self.gate_up_weight, _ = _fuse_linears([self.gate_proj, self.up_proj])
 
     def forward_fused(self, x: torch.Tensor) -> torch.Tensor:
-        """x [N, hidden] -> [N, hidden]; up to fused_mm.MAX_ROWS rows, gate/up and silu·up are
-        one kernel (runners/fused_mm.py), else a cuBLAS GEMM and silu_mul."""
+        """x [N, hidden] -> [N, hidden]; up to fused_mm.MAX_ROWS rows (16-bit), gate/up and
+        silu·up are one kernel (runners/fused_mm.py), else a cuBLAS GEMM and silu_mul."""
         from runners import fused_mm
         from runners.fused_ops import silu_mul
 
-        if fused_mm.takes(*x.shape):
+        if fused_mm.takes(x):
             return self.down_proj(fused_mm.mm(x, self.gate_up_weight, silu_mul=True))
         return self.down_proj(silu_mul(F.linear(x, self.gate_up_weight)))
 

@@ -52,6 +52,25 @@ def _length_bucket(codec_frames: int) -> int:
     return -(-codec_frames // CODEC_LENGTH_BUCKET) * CODEC_LENGTH_BUCKET
 
 
+def _calls(n: int, rows: int) -> list[tuple[int, int]]:
+    """The codec calls n rows of one length bucket take at most `rows` a call: (its rows, its
+    padded batch) each; full calls, then the rest padded to a power of two (at most `rows`)."""
+    calls = [(rows, rows)] * (n // rows)
+    if n % rows:
+        calls.append((n % rows, min(1 << (n % rows - 1).bit_length(), rows)))
+    return calls
+
+
+def _padded(n: int, rows: int) -> int:
+    """Rows the codec computes, padding included, for n rows of one bucket at `rows` a call."""
+    return sum(b for _, b in _calls(n, rows))
+
+
+def _batches(most: int, rows: int) -> set[int]:
+    """Every padded batch that 1..most rows of one bucket take at `rows` a call."""
+    return {b for n in range(1, most + 1) for _, b in _calls(n, rows)}
+
+
 class HiggsRunner(ModelRunner):
     sample_rate: int
 
@@ -221,31 +240,35 @@ class HiggsRunner(ModelRunner):
         if not drain:
             return rows
         if self.device.type == "cuda":
+            # the loop has stopped: hand its cached blocks back, then count only what is free
+            # (a block cached for the loop's stream would not serve this one)
+            torch.cuda.empty_cache()
             free, _ = torch.cuda.mem_get_info(self.device)
-            free += torch.cuda.memory_reserved(self.device) - torch.cuda.memory_allocated(self.device)
             if free < CODEC_DRAIN_FRAMES * CODEC_FRAME_BYTES * next(self.codec.parameters()).element_size() // 2:
                 return rows
-        return max(rows, 1 << ((CODEC_DRAIN_FRAMES // length).bit_length() - 1))
+        return max(rows, 1 << (max(CODEC_DRAIN_FRAMES // length, 1).bit_length() - 1))
 
     def warm_codec(self, max_new_frames: int, rows: int, batched: bool, drain: bool = False) -> None:
         """Decode dummy codes at the shapes that rows running to max_new_frames take:
-        batched, every batch size a call of them can have up to ``rows`` (powers of two up to
-        what one call holds, and that many; with ``drain``, the drain's larger powers of two:
-        run those when nothing else needs the memory), at their length bucket; else one row at
-        their exact length. Run it on the thread that will decode (cuDNN's set-up is per
-        thread as well as per shape)."""
+        batched, every padded batch that up to ``rows`` of them (rounded up to a power of two:
+        a backlog may hold a few more) take in calls beside the loop, or with ``drain`` the
+        drain's batches not among those (run those when nothing else needs the memory), at
+        their length bucket; else one row at their exact length. Run it on the thread that
+        will decode (cuDNN's set-up is per thread as well as per shape)."""
         frames = np.zeros((max_new_frames, self.num_streams), dtype=np.int64)  # max_new_frames - C codec frames
         if len(self.codes_for_codec(frames)) == 0 or (drain and not batched):
             return
         if not batched:
             self.decode_audio([frames], batched)
             return
-        during = self.codec_rows_per_call(max_new_frames)
-        widest = self.codec_rows_per_call(max_new_frames, drain=True) if drain else during
-        sizes = {1 << i for i in range(widest.bit_length()) if 1 << i <= rows}
-        sizes = {n for n in sizes if n > during} if drain else sizes | {min(rows, during)}
+        most = 1 << (rows - 1).bit_length()
+        sizes = _batches(most, self.codec_rows_per_call(max_new_frames))
+        if drain:
+            sizes = _batches(most, self.codec_rows_per_call(max_new_frames, drain=True)) - sizes
         for n in sorted(sizes):  # one call each
             self.decode_audio([frames] * n, batched, drain=drain)
+        if drain and self.device.type == "cuda":
+            torch.cuda.empty_cache()  # the KV budget keeps room for the calls beside the loop only
 
     def decode_audio(self, tokens: list[np.ndarray], batched: bool, drain: bool = False) -> list[np.ndarray]:
         """Generated frames, [T, C] per request -> waveforms, float32 [samples] each at
@@ -288,10 +311,14 @@ class HiggsRunner(ModelRunner):
             for i in todo:
                 buckets.setdefault(_length_bucket(len(codes[i])), []).append(i)
             for length, members in buckets.items():
-                rows = self._rows_per_call(length, drain)
-                for start in range(0, len(members), rows):
-                    chunk = members[start: start + rows]
-                    batch = min(1 << (len(chunk) - 1).bit_length(), rows)
+                rows = self._rows_per_call(length, False)
+                wide = self._rows_per_call(length, True) if drain else rows
+                if _padded(len(members), wide) <= _padded(len(members), rows):  # fewer calls, no more padding
+                    rows = wide
+                start = 0
+                for n, batch in _calls(len(members), rows):
+                    chunk = members[start: start + n]
+                    start += n
                     padded = np.zeros((batch, self.num_streams, length), dtype=np.int64)  # [B, C, T bucket]
                     lengths = np.zeros(batch, dtype=np.int64)  # padding rows: length 0, all masked
                     for j, i in enumerate(chunk):

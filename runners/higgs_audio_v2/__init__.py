@@ -18,7 +18,7 @@ from runners.higgs_audio_v2.codec import HiggsCodecDecoder
 from runners.higgs_audio_v2.config import HiggsConfig
 from runners.higgs_audio_v2.model import HiggsAudioV2LM
 from runners.higgs_audio_v2.prompt import PromptBuilder
-from runners.higgs_audio_v2.runner import CODEC_BATCH_FRAMES, CODEC_FRAME_BYTES, HiggsRunner
+from runners.higgs_audio_v2.runner import CODEC_BATCH_FRAMES, HiggsRunner, codec_bytes
 
 # present in released checkpoints, unused for generation (as in transformers,
 # which lists it in _keys_to_ignore_on_load_unexpected)
@@ -86,7 +86,7 @@ def _kv_slots(config: ModelConfig, cfg: HiggsConfig, model: HiggsAudioV2LM, dtyp
     free = free_memory(device)  # after the measurement: the workspaces it created stay
     # the codec's calls beside the loop, at the per-frame peak measured for the released
     # codec (runners/higgs_audio_v2/runner.py); the drain's larger calls check free memory
-    codec = CODEC_BATCH_FRAMES * CODEC_FRAME_BYTES * (torch.finfo(dtype).bits // 8) // 2
+    codec = codec_bytes(CODEC_BATCH_FRAMES, dtype)
     headroom = prefill + codec + RUNTIME_SLACK_BYTES
     slots = kv_slots_within(free, per_slot, config.max_batch_size, headroom)
     if slots < 1:

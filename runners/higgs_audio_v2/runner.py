@@ -52,6 +52,11 @@ def _length_bucket(codec_frames: int) -> int:
     return -(-codec_frames // CODEC_LENGTH_BUCKET) * CODEC_LENGTH_BUCKET
 
 
+def codec_bytes(frames: int, dtype: torch.dtype) -> int:
+    """Device memory a codec call of this many frames peaks at, in the codec's dtype."""
+    return frames * CODEC_FRAME_BYTES * (torch.finfo(dtype).bits // 8) // 2
+
+
 def _calls(n: int, rows: int) -> list[tuple[int, int]]:
     """The codec calls n rows of one length bucket take at most `rows` a call: (its rows, its
     padded batch) each; full calls, then the rest padded to a power of two (at most `rows`)."""
@@ -244,7 +249,7 @@ class HiggsRunner(ModelRunner):
             # (a block cached for the loop's stream would not serve this one)
             torch.cuda.empty_cache()
             free, _ = torch.cuda.mem_get_info(self.device)
-            if free < CODEC_DRAIN_FRAMES * CODEC_FRAME_BYTES * next(self.codec.parameters()).element_size() // 2:
+            if free < codec_bytes(CODEC_DRAIN_FRAMES, next(self.codec.parameters()).dtype):
                 return rows
         return max(rows, 1 << (max(CODEC_DRAIN_FRAMES // length, 1).bit_length() - 1))
 

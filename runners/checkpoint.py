@@ -1,13 +1,26 @@
-"""Finding checkpoints (local folder or hub id) and loading safetensors weights."""
+"""Finding checkpoints (local folder or hub id) and loading safetensors weights.
+
+Two ways in: ``read_safetensors`` + ``load_into`` build a host state dict
+first (the codec, whose weight-norm pairs are folded on the way), and
+``stream_into`` copies a file's bytes straight into a module's tensors where
+they already live (the LM: 10.8 GB at the 3B shape), through pinned staging
+buffers that threads fill while the previous ones are copied to the device.
+"""
 
 from __future__ import annotations
 
+import contextlib
+import json
+import os
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 from safetensors import safe_open
 
 from omni_cli.errors import OmniError
+from runners.device import host_buffer, new_event
 
 
 def resolve_folder(spec: str, what: str) -> Path:
@@ -62,13 +75,147 @@ def load_into(module: torch.nn.Module, state: dict[str, torch.Tensor], source: P
               ignore: tuple[str, ...] = ()) -> None:
     """Load ``state`` into ``module``; any missing or unexpected key is an error naming it."""
     state = {k: v for k, v in state.items() if k not in ignore}
-    expected = set(module.state_dict().keys())
-    missing = sorted(expected - state.keys())
-    unexpected = sorted(state.keys() - expected)
+    _check_keys(module.state_dict().keys(), state.keys(), source)
+    module.load_state_dict(state, strict=True)
+
+
+def _check_keys(expected, found, source: Path) -> None:
+    missing = sorted(set(expected) - set(found))
+    unexpected = sorted(set(found) - set(expected))
     if missing or unexpected:
         raise OmniError(
             f"weights in {source} do not match the model: "
             f"missing {missing[:5]}{'...' if len(missing) > 5 else ''}, "
             f"unexpected {unexpected[:5]}{'...' if len(unexpected) > 5 else ''}"
         )
-    module.load_state_dict(state, strict=True)
+
+
+# safetensors' dtype names (https://github.com/huggingface/safetensors, format)
+_DTYPES = {"BF16": torch.bfloat16, "F16": torch.float16, "F32": torch.float32, "F64": torch.float64,
+           "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8,
+           "BOOL": torch.bool}
+# Staging: each buffer is filled by one reader thread while the others' bytes are copied to
+# the device. 64 MiB reads keep the disk (or the page cache) streaming; four in flight overlap
+# reading with copying without pinning much host memory (pinning costs time too).
+STAGE_BYTES = 64 << 20
+STAGES = 4
+
+
+@dataclass(frozen=True)
+class _Entry:
+    key: str
+    dtype: torch.dtype
+    shape: tuple[int, ...]
+    begin: int  # absolute byte offsets in the file
+    end: int
+
+
+def _entries(path: Path) -> list[_Entry]:
+    """The tensors a safetensors file holds, by offset: an 8-byte little-endian header size,
+    the JSON header, then every tensor's bytes."""
+    try:
+        with open(path, "rb") as f:
+            size = int.from_bytes(f.read(8), "little")
+            header = json.loads(f.read(size))
+        base = 8 + size
+        out = []
+        for key, info in header.items():
+            if key == "__metadata__":
+                continue
+            if info["dtype"] not in _DTYPES:
+                raise OmniError(f"{path}: tensor {key!r} has dtype {info['dtype']}, which omni cannot load")
+            begin, end = info["data_offsets"]
+            out.append(_Entry(key, _DTYPES[info["dtype"]], tuple(info["shape"]), base + begin, base + end))
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise OmniError(f"{path}: not a readable safetensors file ({e})") from None
+    return sorted(out, key=lambda e: (e.begin, e.end))
+
+
+def stream_into(module: torch.nn.Module, folder: Path, ignore: tuple[str, ...] = ()) -> None:
+    """Fill every tensor of ``module``'s state dict, in place and on its device, from the
+    *.safetensors files in ``folder``; a missing or unexpected key, a shape that differs, is
+    an error naming it. A stored dtype other than the tensor's is converted on the device."""
+    files = sorted(folder.glob("*.safetensors"))
+    if not files:
+        raise OmniError(f"no *.safetensors weights in {folder}")
+    targets = module.state_dict()
+    per_file = [(f, [e for e in _entries(f) if e.key not in ignore]) for f in files]
+    _check_keys(targets.keys(), [e.key for _, es in per_file for e in es], folder)
+    for f, es in per_file:
+        for e in es:
+            if tuple(targets[e.key].shape) != e.shape:
+                raise OmniError(f"weights in {folder}: {e.key!r} has shape {list(e.shape)} in {f.name}, "
+                                f"the model's config makes it {list(targets[e.key].shape)}")
+    device = next(iter(targets.values())).device
+    with torch.no_grad():
+        for f, es in per_file:
+            if es:
+                _stream_file(f, es, targets, device)
+
+
+def _stream_file(path: Path, entries: list[_Entry], targets: dict[str, torch.Tensor],
+                 device: torch.device) -> None:
+    """Reads the span the entries cover in STAGE_BYTES windows, STAGES at a time on reader
+    threads, each into its own host buffer, and copies each window's pieces to where they go
+    on a side stream (a tensor's own bytes; or a scratch tensor of the stored dtype, converted
+    into the tensor once whole). A buffer is read into again only after the copies out of it
+    have finished (its event)."""
+    start, stop = entries[0].begin, max(e.end for e in entries)
+    windows = [(o, min(o + STAGE_BYTES, stop)) for o in range(start, stop, STAGE_BYTES)]
+    if not windows:  # only empty tensors
+        return
+    buffers = [host_buffer((min(STAGE_BYTES, stop - start),), torch.uint8, device)
+               for _ in range(min(STAGES, len(windows)))]
+    done = [new_event(device) for _ in buffers]
+    cuda = device.type == "cuda"
+    copies = torch.cuda.Stream(device) if cuda else None
+    if cuda:
+        # hazard: the tensors were made (and initialised) on the current stream: the copies
+        # must come after that, and what reads the weights after the copies (synchronize below)
+        copies.wait_stream(torch.cuda.current_stream(device))
+    fd = os.open(path, os.O_RDONLY)
+
+    def read(i: int) -> None:
+        slot = i % len(buffers)
+        done[slot].synchronize()  # the copies out of this buffer's previous window are done
+        lo, hi = windows[i]
+        view = memoryview(buffers[slot].numpy())[: hi - lo]
+        got = 0
+        while got < hi - lo:
+            n = os.preadv(fd, [view[got:]], lo + got)
+            if n == 0:
+                raise OmniError(f"{path}: the file ends at byte {lo + got}; its header says {stop}")
+            got += n
+
+    scratch: dict[str, torch.Tensor] = {}  # entries being converted, until their last piece
+    try:
+        with ThreadPoolExecutor(len(buffers), thread_name_prefix="omni-load") as pool, \
+                (torch.cuda.stream(copies) if cuda else contextlib.nullcontext()):
+            reads = [pool.submit(read, i) for i in range(len(buffers))]  # reads[i]: window i
+            k = 0  # the first entry that may overlap the current window
+            for i, (lo, hi) in enumerate(windows):
+                reads[i].result()
+                buf = buffers[i % len(buffers)]
+                while k < len(entries) and entries[k].end <= lo:
+                    k += 1
+                j = k
+                while j < len(entries) and entries[j].begin < hi:
+                    e, target = entries[j], targets[entries[j].key]
+                    a, b = max(e.begin, lo), min(e.end, hi)
+                    if target.dtype == e.dtype and target.is_contiguous():
+                        raw = target.view(-1).view(torch.uint8)
+                    else:
+                        if e.key not in scratch:
+                            scratch[e.key] = torch.empty(e.shape, dtype=e.dtype, device=device)
+                        raw = scratch[e.key].view(-1).view(torch.uint8)
+                    raw[a - e.begin:b - e.begin].copy_(buf[a - lo:b - lo], non_blocking=cuda)
+                    if b == e.end and e.key in scratch:  # its last piece: convert, free the scratch
+                        target.copy_(scratch.pop(e.key))
+                    j += 1
+                done[i % len(buffers)].record()
+                if i + len(buffers) < len(windows):
+                    reads.append(pool.submit(read, i + len(buffers)))
+    finally:
+        if cuda:
+            copies.synchronize()  # before the host buffers go, and before anything reads the weights
+        os.close(fd)

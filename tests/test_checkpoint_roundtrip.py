@@ -7,7 +7,10 @@ import torch
 
 from omni_cli.errors import OmniError
 from runners.attention import AttentionContext, KVCache
-from runners.checkpoint import load_into, read_safetensors
+import runners.checkpoint as checkpoint
+from safetensors.torch import load_file, save_file
+
+from runners.checkpoint import load_into, read_safetensors, stream_into
 from runners.higgs_audio_v2 import IGNORED_KEYS
 from runners.higgs_audio_v2.codec import HiggsCodecDecoder
 from runners.higgs_audio_v2.config import HiggsConfig
@@ -35,10 +38,9 @@ def test_lm_roundtrip_keys_and_logits(tmp_path):
     cfg = tiny_lm_config(tok, num_hidden_layers=3, num_key_value_heads=4, hidden_size=48, head_dim=12)
     ref = HiggsAudioV2ForConditionalGeneration(cfg, use_text_head=True).eval()
     ref.save_pretrained(tmp_path)
-    state = read_safetensors(tmp_path)
-    assert "text_lm_head.weight" in state
+    assert "text_lm_head.weight" in read_safetensors(tmp_path)
     ours = HiggsAudioV2LM(HiggsConfig.from_file(tmp_path / "config.json"), max_seq_len=64)
-    load_into(ours, state, tmp_path, ignore=IGNORED_KEYS)  # raises on any missing/unexpected key
+    stream_into(ours, tmp_path, ignore=IGNORED_KEYS)  # raises on any missing/unexpected key
     ids = torch.randint(0, 200, (1, 17))
     with torch.no_grad():
         want = ref(input_ids=ids).logits[0].float()
@@ -55,6 +57,58 @@ def test_lm_load_names_missing_and_unexpected(tmp_path):
     ours = HiggsAudioV2LM(HiggsConfig.from_file(tmp_path / "config.json"), max_seq_len=16)
     with pytest.raises(OmniError, match=r"missing \['audio_lm_head.weight'\].*unexpected \['model.extra.weight'\]"):
         load_into(ours, state, tmp_path)
+
+
+def _saved_tiny_lm(folder, dtype=torch.float32, **save):
+    torch.manual_seed(1)
+    ref = HiggsAudioV2ForConditionalGeneration(tiny_lm_config(build_tokenizer())).to(dtype)
+    ref.save_pretrained(folder, **save)
+    return HiggsAudioV2LM(HiggsConfig.from_file(folder / "config.json"), max_seq_len=16)
+
+
+@pytest.mark.parametrize("stored", [torch.float32, torch.bfloat16])
+def test_stream_into_holds_what_safetensors_reads(tmp_path, monkeypatch, stored):
+    """Every tensor streamed into the model equals what the safetensors library reads from the
+    files (converted to the model's float32 where stored in bf16), with windows far smaller
+    than the tensors, of a size no tensor boundary falls on, and the staging buffers
+    recycled many times; over a sharded checkpoint."""
+    monkeypatch.setattr(checkpoint, "STAGE_BYTES", 4099)
+    ours = _saved_tiny_lm(tmp_path, stored, max_shard_size="200KB")
+    files = sorted(tmp_path.glob("*.safetensors"))
+    assert len(files) > 1
+    want = {k: v for f in files for k, v in load_file(f).items()}
+    assert {v.dtype for v in want.values()} == {stored}
+    stream_into(ours, tmp_path)
+    got = ours.state_dict()
+    assert got.keys() == want.keys()
+    for k, v in want.items():
+        assert got[k].dtype == torch.float32
+        assert torch.equal(got[k], v.float()), k
+
+
+def test_stream_into_names_what_does_not_fit(tmp_path):
+    ours = _saved_tiny_lm(tmp_path)
+    state = load_file(tmp_path / "model.safetensors")
+    (tmp_path / "model.safetensors").unlink()
+    head = state.pop("audio_lm_head.weight")
+    save_file({**state, "model.extra.weight": torch.zeros(1)}, tmp_path / "model.safetensors")
+    with pytest.raises(OmniError, match=r"missing \['audio_lm_head.weight'\].*unexpected \['model.extra.weight'\]"):
+        stream_into(ours, tmp_path)
+    save_file({**state, "audio_lm_head.weight": head[:, :-1].contiguous()}, tmp_path / "model.safetensors")
+    with pytest.raises(OmniError, match=r"'audio_lm_head.weight' has shape \[.*\] in model.safetensors, the "
+                                        r"model's config makes it"):
+        stream_into(ours, tmp_path)
+
+
+def test_stream_into_names_a_cut_file(tmp_path):
+    ours = _saved_tiny_lm(tmp_path)
+    f = tmp_path / "model.safetensors"
+    f.write_bytes(f.read_bytes()[:-100])
+    with pytest.raises(OmniError, match=r"model.safetensors: the file ends at byte"):
+        stream_into(ours, tmp_path)
+    f.write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00not json")
+    with pytest.raises(OmniError, match=r"model.safetensors: not a readable safetensors file"):
+        stream_into(ours, tmp_path)
 
 
 @pytest.mark.parametrize("weight_norm", [False, True])

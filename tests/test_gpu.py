@@ -259,3 +259,34 @@ def test_default_mode_batches_the_codec_within_bf16_rounding(tmp_path):
         got, _ = sf.read(out / m["file_name"], dtype="int16")
         bound = max(1, int(np.abs(alone[torch.bfloat16] - alone[torch.float32]).max()))
         assert np.abs(got.astype(np.int32) - alone[torch.bfloat16]).max() <= bound, m["id"]
+
+
+@pytest.mark.parametrize("model_dtype", ["float32", "bfloat16"])
+def test_stream_into_fills_cuda_tensors_as_safetensors_reads_them(tmp_path, monkeypatch, model_dtype):
+    """The streaming loader on CUDA (pinned buffers, the side stream, buffers reused behind
+    their events, bf16 stored into a float32 model converted on the device) against the
+    safetensors library's own read of the files."""
+    import torch
+    from safetensors.torch import load_file
+
+    import runners.checkpoint as checkpoint
+    from runners.higgs_audio_v2 import _default_dtype
+    from runners.higgs_audio_v2.config import HiggsConfig
+    from runners.higgs_audio_v2.model import HiggsAudioV2LM
+    from tests.reference import HiggsAudioV2ForConditionalGeneration
+    from tests.tiny_checkpoint import build_tokenizer, tiny_lm_config
+
+    monkeypatch.setattr(checkpoint, "STAGE_BYTES", 4099)
+    torch.manual_seed(2)
+    HiggsAudioV2ForConditionalGeneration(tiny_lm_config(build_tokenizer())).to(torch.bfloat16).save_pretrained(
+        tmp_path, max_shard_size="200KB")
+    dtype = getattr(torch, model_dtype)
+    with torch.device("cuda"), _default_dtype(dtype):
+        model = HiggsAudioV2LM(HiggsConfig.from_file(tmp_path / "config.json"), max_seq_len=16)
+    checkpoint.stream_into(model, tmp_path)
+    got = model.state_dict()
+    want = {k: v for f in sorted(tmp_path.glob("*.safetensors")) for k, v in load_file(f).items()}
+    assert got.keys() == want.keys()
+    for k, v in want.items():
+        assert got[k].device.type == "cuda" and got[k].dtype == dtype
+        assert torch.equal(got[k].cpu(), v.to(dtype)), k

@@ -10,7 +10,7 @@ import torch
 from omni_cli.config import ModelConfig
 from omni_cli.errors import OmniError
 from runners.attention import KVCache
-from runners.checkpoint import load_into, read_safetensors, resolve_folder
+from runners.checkpoint import resolve_folder, stream_into
 from omni_cli.scheduler import prefill_token_budget
 from runners.device import RUNTIME_SLACK_BYTES, free_memory, kv_slots_within, peak_bytes
 from runners.engine import Engine, FixedShapes, ForwardBatch
@@ -44,7 +44,7 @@ def build(config: ModelConfig, dtype: torch.dtype, device: torch.device,
         # built where and as it will run: a 5.4 B-parameter model initialised in
         # float32 on the host took ~30 s of a 40 s startup (measured on the H200 machine)
         model = HiggsAudioV2LM(cfg, config.max_seq_len)
-    load_into(model, read_safetensors(lm_dir), lm_dir, ignore=IGNORED_KEYS)
+    stream_into(model, lm_dir, ignore=IGNORED_KEYS)  # into the tensors just made, on the device
     model = model.to_runtime(device, dtype)
     codec = HiggsCodecDecoder.load(codec_dir, dtype, device)
     slots, budget = _kv_slots(config, cfg, model, dtype, device)

@@ -98,7 +98,7 @@ def run(root: Path, rows: int, batch: int, frames: int, async_decode: bool, vary
     audio, gen = info["totals"]["audio_s"], info["timings"]["generate_s"]
     return {"rows": rows, "max_batch_size": batch, "async_decode": async_decode, "frames": frames, "vary": vary,
             "first_wav_s": first, "wall_s": wall, "load_s": info["timings"]["load_s"],
-            "warmup_s": info["timings"]["warmup_s"], "generate_s": gen,
+            "warmup_s": info["timings"]["warmup_s"], "load_phases": info["timings"]["load_phases"], "generate_s": gen,
             "audio_s": audio, "audio_s_per_s_generate": audio / gen, "audio_s_per_s_wall": audio / wall,
             **{k: info["timings"][k] for k in ("loop_s", "prefill_s", "prefill_steps", "write_tail_s", "codec_calls",
                                                 "codec_s", "codec_max_call_s")},

@@ -113,7 +113,9 @@ def run_generate(opts: GenerateOptions) -> RunSummary:
 
     device = pick_device(config.device)
     dtype = DTYPES[config.dtype]
+    t_read = time.perf_counter()
     family = importlib.import_module(FAMILIES[config.family]) if config.family in FAMILIES else None
+    t_family = time.perf_counter()
     if family is None:
         raise OmniError(f"{config.path}: key 'family': unknown family {config.family!r} (known: {', '.join(FAMILIES)})")
     runner, prompt_builder = family.build(config, dtype, device, raw_logprobs=opts.raw_logprobs)
@@ -266,6 +268,9 @@ def run_generate(opts: GenerateOptions) -> RunSummary:
                    "frames": progress.frames, "audio_s": round(progress.audio_s, 3)},
         # generate_s: after the load and the warm-up (both startup), to the last file
         "timings": {"load_s": round(t_loaded - t0, 3), "warmup_s": round(warmup_s, 3),
+                    # the load's parts: config and prompt file, the model family's imports, then build's
+                    "load_phases": {"inputs_s": round(t_read - t0, 3), "imports_s": round(t_family - t_read, 3),
+                                    **runner.load_phases},
                     "generate_s": round(t_end - t_loaded - warmup_s, 3),
                     "wall_s": round(t_end - t0, 3), "frames_per_s": round(fps, 2), "audio_s_per_s": round(asps, 3),
                     # the loop (prefill + decode, files written beside it), then the writers' tail

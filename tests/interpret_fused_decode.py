@@ -184,10 +184,8 @@ def _qkv_rope_matches() -> bool:
 
 def _masked_codec_matches() -> bool:
     """The tiny codec's padded, masked batch decode with the fused (masking) Snake kernels
-    against the same decode with transformers' Snake1d and a multiply (float32)."""
-    from transformers.models.dac.modeling_dac import Snake1d
-
-    from runners.higgs_audio_v2.codec import HiggsCodecDecoder, _FusedSnake1d
+    against the same decode with the plain Snake1d and a multiply (float32)."""
+    from runners.higgs_audio_v2.codec import HiggsCodecDecoder, Snake1d, _FusedSnake1d
     from tests.conftest import TINY
 
     plain = HiggsCodecDecoder.load(TINY / "codec", torch.float32, torch.device("cpu"))

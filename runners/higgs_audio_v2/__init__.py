@@ -37,6 +37,7 @@ DETERMINISTIC_SHAPES = {"cuda": FixedShapes(decode_rows=64, prefill_rows=32, pre
 
 def build(config: ModelConfig, dtype: torch.dtype, device: torch.device,
           raw_logprobs: bool = False) -> tuple[HiggsRunner, PromptBuilder]:
+    laps = _Laps()  # where start-up goes (run.json: timings.load_phases)
     lm_dir = resolve_folder(config.checkpoint, "checkpoint")
     codec_dir = resolve_folder(config.codec, "codec")
     cfg = HiggsConfig.from_file(lm_dir / "config.json")
@@ -44,10 +45,15 @@ def build(config: ModelConfig, dtype: torch.dtype, device: torch.device,
         # built where and as it will run: a 5.4 B-parameter model initialised in
         # float32 on the host took ~30 s of a 40 s startup (measured on the H200 machine)
         model = HiggsAudioV2LM(cfg, config.max_seq_len)
+    laps("model_s")  # the first CUDA work: includes creating the context
     stream_into(model, lm_dir, ignore=IGNORED_KEYS)  # into the tensors just made, on the device
+    laps("weights_s")
     model = model.to_runtime(device, dtype)
+    laps("fuse_s")
     codec = HiggsCodecDecoder.load(codec_dir, dtype, device)
+    laps("codec_s")
     slots, budget = _kv_slots(config, cfg, model, dtype, device)
+    laps("kv_budget_s")
     # one spare slot for padding rows (deterministic chunks, CUDA-graph buckets) to write to
     kv = KVCache(cfg.num_hidden_layers, slots + 1, cfg.num_key_value_heads, config.max_seq_len,
                  cfg.head_dim, dtype, device)
@@ -56,7 +62,24 @@ def build(config: ModelConfig, dtype: torch.dtype, device: torch.device,
         engine.use_graphs()  # the CPU path stays eager
     runner = HiggsRunner(engine, cfg, codec, slots, config.max_seq_len, device, raw_logprobs)
     runner.kv_budget = budget
-    return runner, PromptBuilder(lm_dir, cfg.audio_bos_token_id)
+    laps("cache_s")
+    prompts = PromptBuilder(lm_dir, cfg.audio_bos_token_id)
+    laps("tokenizer_s")
+    runner.load_phases = laps.done
+    return runner, prompts
+
+
+class _Laps:
+    """Seconds between calls, by name (host time; the phases that end in device work sync)."""
+
+    def __init__(self):
+        self.done: dict[str, float] = {}
+        self._t = time.perf_counter()
+
+    def __call__(self, name: str) -> None:
+        now = time.perf_counter()
+        self.done[name] = round(now - self._t, 3)
+        self._t = now
 
 
 @contextlib.contextmanager

@@ -6,10 +6,12 @@ not load beside a CPU torch. Decoding needs none of that: it is
   codes [B, 8, T] -> sum over quantizers of project_out(codebook[code])   (RVQ)
                   -> fc2 (hidden -> acoustic hidden)
                   -> the DAC acoustic decoder (hop 960: 24 kHz at 25 fps).
-So the decoder is composed here from transformers' own DAC decoder module
-(which imports no torchaudio) and loaded with exactly those keys of the
-checkpoint's safetensors. The encoder, HuBERT and semantic parts are not
-loaded; voice cloning will need them.
+The DAC decoder is written here with transformers' module names (so the
+checkpoint's acoustic_decoder.* keys load as they are), not imported: its
+modeling module pulls in transformers' whole modeling stack, ~3.6 s of a
+process's start-up on the CI machine. It is loaded with exactly those keys
+of the checkpoint's safetensors. The encoder, HuBERT and semantic parts are
+not loaded; voice cloning will need them.
 
 As in the reference, the DAC decoder's transposed convolutions get
 output_padding = stride % 2 and the final tanh is dropped. On CUDA with
@@ -26,12 +28,69 @@ import numpy as np
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from transformers import DacConfig
-from transformers.models.dac.modeling_dac import DacDecoder, Snake1d
 
 from omni_cli.errors import ConfigError
 from runners.attention import fused_kernels_available
 from runners.checkpoint import fold_weight_norm, load_into, read_safetensors
+
+
+class Snake1d(nn.Module):
+    """x + sin(alpha x)^2 / (alpha + 1e-9), per channel. x [B, C, T]; alpha [1, C, 1]."""
+
+    def __init__(self, channels: int):
+        super().__init__()
+        self.alpha = nn.Parameter(torch.ones(1, channels, 1))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + (self.alpha + 1e-9).reciprocal() * torch.sin(self.alpha * x).pow(2)
+
+
+class _ResidualUnit(nn.Module):
+    """x + conv1x1(snake(conv7_dilated(snake(x)))); both convolutions keep the length."""
+
+    def __init__(self, channels: int, dilation: int):
+        super().__init__()
+        self.snake1 = Snake1d(channels)
+        self.conv1 = nn.Conv1d(channels, channels, kernel_size=7, dilation=dilation, padding=3 * dilation)
+        self.snake2 = Snake1d(channels)
+        self.conv2 = nn.Conv1d(channels, channels, kernel_size=1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.conv2(self.snake2(self.conv1(self.snake1(x))))
+
+
+class _UpBlock(nn.Module):
+    """Snake, a transposed convolution that makes the signal `stride` times longer (and
+    halves the channels), three residual units at dilations 1, 3, 9."""
+
+    def __init__(self, channels: int, stride: int):
+        super().__init__()
+        self.snake1 = Snake1d(channels)
+        self.conv_t1 = nn.ConvTranspose1d(channels, channels // 2, kernel_size=2 * stride, stride=stride,
+                                          padding=math.ceil(stride / 2), output_padding=stride % 2)
+        self.res_unit1 = _ResidualUnit(channels // 2, 1)
+        self.res_unit2 = _ResidualUnit(channels // 2, 3)
+        self.res_unit3 = _ResidualUnit(channels // 2, 9)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.res_unit3(self.res_unit2(self.res_unit1(self.conv_t1(self.snake1(x)))))
+
+
+class _AcousticDecoder(nn.Module):
+    """DAC's decoder: latent [B, hidden, T] -> audio [B, 1, T * prod(strides)]."""
+
+    def __init__(self, hidden: int, channels: int, strides: list[int]):
+        super().__init__()
+        self.conv1 = nn.Conv1d(hidden, channels, kernel_size=7, padding=3)
+        self.block = nn.ModuleList(_UpBlock(channels // 2**i, s) for i, s in enumerate(strides))
+        self.snake1 = Snake1d(channels // 2 ** len(strides))
+        self.conv2 = nn.Conv1d(channels // 2 ** len(strides), 1, kernel_size=7, padding=3)
+
+    def forward(self, latent: torch.Tensor) -> torch.Tensor:
+        h = self.conv1(latent)
+        for block in self.block:
+            h = block(h)
+        return self.conv2(self.snake1(h))
 
 
 class _FusedSnake1d(Snake1d):
@@ -79,15 +138,13 @@ class HiggsCodecDecoder(nn.Module):
         bandwidths = raw.get("target_bandwidths", [0.5, 1, 1.5, 2, 4])
         # same rule as HiggsAudioV2TokenizerConfig.num_quantizers
         self.num_quantizers = int(1000 * bandwidths[-1] // (frame_rate * math.ceil(math.log2(size))))
-        hidden = ac["hidden_size"] + sem_hidden
+        # absent keys take transformers' DacConfig defaults
+        acoustic = int(ac.get("hidden_size", 1024))
+        hidden = acoustic + sem_hidden
         self.quantizer = _RVQ(self.num_quantizers, size, dim, hidden)
-        self.fc2 = nn.Linear(hidden, ac["hidden_size"])
-        ac.pop("model_type", None)
-        self.acoustic_decoder = DacDecoder(DacConfig(**ac))
-        for m in self.acoustic_decoder.modules():
-            if isinstance(m, nn.ConvTranspose1d):
-                m.output_padding = (m.stride[0] % 2,)
-        self.acoustic_decoder.tanh = nn.Identity()
+        self.fc2 = nn.Linear(hidden, acoustic)
+        self.acoustic_decoder = _AcousticDecoder(acoustic, int(ac.get("decoder_hidden_size", 1536)),
+                                                 [int(x) for x in ac.get("upsampling_ratios", (8, 8, 4, 2))])
 
     @classmethod
     def load(cls, folder: Path, dtype: torch.dtype, device: torch.device) -> "HiggsCodecDecoder":
@@ -128,12 +185,11 @@ class HiggsCodecDecoder(nn.Module):
             quantized = quantized + quantizer.project_out(F.embedding(codes[:, q], quantizer.codebook.embed))
         latent = self.fc2(quantized).transpose(1, 2)  # [B, acoustic hidden, T]
         if lengths is None:
-            return self.acoustic_decoder(latent)[:, 0].float()
+            return self.acoustic_decoder(latent)[:, 0].float()  # no tanh, as in the reference
         return self._decode_masked(latent, lengths)[:, 0].float()
 
     def _decode_masked(self, latent: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
-        """The DAC decoder's forward (transformers' DacDecoder, DacDecoderBlock,
-        DacResidualUnit) with every convolution's input zero past each row's
+        """The DAC decoder's forward (_AcousticDecoder) with every convolution's input zero past each row's
         length, as the convolution's own zero padding would be there. Only the
         residual stream holds garbage past a length, and it reaches a
         convolution only through a Snake, whose output is masked: on CUDA inside
@@ -163,4 +219,4 @@ class HiggsCodecDecoder(nn.Module):
             rate *= block.conv_t1.stride[0]
             for unit in (block.res_unit1, block.res_unit2, block.res_unit3):
                 h = h + unit.conv2(act(unit.snake2, unit.conv1(act(unit.snake1, h, rate)), rate))
-        return dec.tanh(dec.conv2(act(dec.snake1, h, rate)))
+        return dec.conv2(act(dec.snake1, h, rate))

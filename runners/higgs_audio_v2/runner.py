@@ -90,6 +90,7 @@ class HiggsRunner(ModelRunner):
             raise ValueError(f"codec has {codec.num_quantizers} quantizers, the model {cfg.num_codebooks} codebooks")
         self.codec = codec
         self.kv_budget: dict | None = None  # the KV budget's terms, set by build (run.json)
+        self.load_phases: dict[str, float] = {}  # build's start-up phases, seconds (run.json)
         self._codec_streams = threading.local()  # one CUDA stream per calling thread
         self._codec_lock = threading.Lock()  # one batched codec call at a time (its memory)
         self.sample_rate = codec.sample_rate

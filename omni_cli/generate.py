@@ -84,10 +84,11 @@ def pick_device(spec: str) -> torch.device:
 
 
 def _versions() -> dict[str, str]:
-    import transformers
+    # from the installed metadata: importing transformers costs seconds, and a run does not use it
+    from importlib.metadata import version
 
-    return {"omni_cli": __version__, "torch": torch.__version__, "transformers": transformers.__version__,
-            "python": platform.python_version()}
+    return {"omni_cli": __version__, "torch": torch.__version__, "transformers": version("transformers"),
+            "tokenizers": version("tokenizers"), "python": platform.python_version()}
 
 
 def run_generate(opts: GenerateOptions) -> RunSummary:

@@ -4,30 +4,23 @@ The conversation is [system, scene (optional), user]; the template's
 generation prompt opens the assistant turn and must end in <|audio_out_bos|>.
 The ids equal what HiggsAudioV2Processor.apply_chat_template builds from the
 same conversation (tests compare them), without loading the processor, whose
-audio tokenizer would need torchaudio.
+audio tokenizer would need torchaudio, or transformers (runners/chat_template.py).
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from transformers import AutoTokenizer
-
 from omni_cli.errors import OmniError
+from runners.chat_template import ChatTokenizer
 
 
 class PromptBuilder:
     def __init__(self, folder: Path, audio_bos_token_id: int):
-        self.tokenizer = AutoTokenizer.from_pretrained(str(folder))
-        if not self.tokenizer.chat_template:
-            raise OmniError(f"the tokenizer in {folder} has no chat template")
+        self.tokenizer = ChatTokenizer(folder)
         self.audio_bos_token_id = audio_bos_token_id
         # literal special tokens in user text would be parsed as control tokens
-        self._specials = sorted(
-            {t for t in self.tokenizer.all_special_tokens} | {str(t) for t in self.tokenizer.added_tokens_decoder.values()},
-            key=len,
-            reverse=True,
-        )
+        self._specials = sorted(self.tokenizer.specials, key=len, reverse=True)
 
     def conversation(self, text: str, system: str, scene: str | None) -> list[dict]:
         conv = [{"role": "system", "content": [{"type": "text", "text": system}]}]
@@ -42,10 +35,11 @@ class PromptBuilder:
             for special in self._specials:
                 if value and special in value:
                     raise ValueError(field, f"contains the special token {special!r}")
-        rendered = self.tokenizer.apply_chat_template(
-            self.conversation(text, system, scene), add_generation_prompt=True, tokenize=False
-        )
-        ids = self.tokenizer(rendered, add_special_tokens=False)["input_ids"]
+        try:
+            rendered = self.tokenizer.render(self.conversation(text, system, scene), add_generation_prompt=True)
+        except ValueError as e:  # the template's raise_exception
+            raise ValueError("text", f"the checkpoint's chat template refused this row: {e}") from None
+        ids = self.tokenizer.encode(rendered)
         if not ids or ids[-1] != self.audio_bos_token_id:
             raise OmniError("the checkpoint's chat template does not end its generation prompt in <|audio_out_bos|>")
         return list(ids)

@@ -113,12 +113,18 @@ def main() -> None:
     ap.add_argument("--vary", type=int, default=0,
                     help="each row makes frames +- up to this many (uniform, seeded), not exactly frames")
     ap.add_argument("--out", type=Path, default=Path("e2e_generate.json"))
+    ap.add_argument("--root", type=Path, default=None,
+                    help="keep the checkpoint (and outputs) in this folder, and reuse a checkpoint already there: "
+                         "A/B runs of code changes then skip the ~17 s write")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
-        root = Path(tmp)
-        t0 = time.perf_counter()
-        write_checkpoint(root)
-        print(f"random checkpoint written in {time.perf_counter() - t0:.1f}s", flush=True)
+        root = args.root or Path(tmp)
+        if not (root / "codec" / "config.json").exists():
+            t0 = time.perf_counter()
+            write_checkpoint(root)
+            print(f"random checkpoint written in {time.perf_counter() - t0:.1f}s", flush=True)
+        for old in root.glob("out-*"):  # outputs of an earlier call in the same folder
+            shutil.rmtree(old)
         results = []
         for spec in args.runs:
             # flush what was written before (the 10.8 GB checkpoint, the last run's files) to disk first,

@@ -25,6 +25,7 @@ import torch
 
 from runners.attention import fused_kernels_available
 from runners.base import BatchResult, ModelRunner, StepCollect
+from runners.device import host_buffer, new_event
 from runners.engine import Engine, ForwardBatch
 from runners.higgs_audio_v2.codec import HiggsCodecDecoder
 from runners.higgs_audio_v2.config import HiggsConfig
@@ -316,6 +317,10 @@ class HiggsRunner(ModelRunner):
             buckets: dict[int, list[int]] = {}
             for i in todo:
                 buckets.setdefault(_length_bucket(len(codes[i])), []).append(i)
+            # One call ahead: call k+1 is queued before call k's audio is collected, so the GPU
+            # runs it while this thread copies k's rows out and the writers take them.
+            pending = None
+            calls = 0
             for length, members in buckets.items():
                 rows = self._rows_per_call(length, False)
                 wide = self._rows_per_call(length, True) if drain else rows
@@ -330,7 +335,39 @@ class HiggsRunner(ModelRunner):
                     for j, i in enumerate(chunk):
                         padded[j, :, : len(codes[i])] = codes[i].T
                         lengths[j] = len(codes[i])
-                    with self._codec_lock:
-                        wave = self.codec.decode(torch.from_numpy(padded).to(self.device),
-                                                 torch.from_numpy(lengths).to(self.device)).cpu().numpy()
-                    yield chunk, [wave[j, : lengths[j] * self.hop_length] for j in range(len(chunk))]
+                    try:
+                        launched = (chunk, lengths, *self._launch_codec(padded, lengths, calls % 2))
+                    except Exception:
+                        if pending is not None:  # what already ran is kept
+                            yield self._collect_codec(*pending)
+                        raise
+                    calls += 1
+                    if pending is not None:
+                        yield self._collect_codec(*pending)
+                    pending = launched
+            if pending is not None:
+                yield self._collect_codec(*pending)
+
+    def _launch_codec(self, padded: np.ndarray, lengths: np.ndarray, slot: int):
+        """Queues one batched codec call and the copy of its audio into this thread's host
+        buffer `slot` (of two: a buffer is filled again two calls later, after its rows were
+        copied out). Returns (host audio [B, samples], the copy's event)."""
+        with self._codec_lock:
+            wave_gpu = self.codec.decode(torch.from_numpy(padded).to(self.device),
+                                         torch.from_numpy(lengths).to(self.device))  # [B, samples] float32
+        local = self._codec_streams
+        if not hasattr(local, "hosts"):
+            local.hosts = [None, None]
+        if local.hosts[slot] is None or local.hosts[slot].numel() < wave_gpu.numel():
+            local.hosts[slot] = host_buffer((wave_gpu.numel(),), torch.float32, self.device)
+        host = local.hosts[slot][: wave_gpu.numel()].view(wave_gpu.shape)
+        host.copy_(wave_gpu, non_blocking=True)
+        done = new_event(self.device)
+        done.record()
+        return host, done
+
+    def _collect_codec(self, chunk: list[int], lengths: np.ndarray, host: torch.Tensor, done):
+        """A launched call's rows: (their indices, their audio, copied out of the reused buffer)."""
+        done.synchronize()
+        wave = host.numpy()
+        return chunk, [wave[j, : lengths[j] * self.hop_length].copy() for j in range(len(chunk))]

@@ -119,9 +119,10 @@ def main() -> None:
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         root = args.root or Path(tmp)
-        if not (root / "codec" / "config.json").exists():
+        if not (root / "written").exists():  # made last: an interrupted write is not reused
             t0 = time.perf_counter()
             write_checkpoint(root)
+            (root / "written").touch()
             print(f"random checkpoint written in {time.perf_counter() - t0:.1f}s", flush=True)
         for old in root.glob("out-*"):  # outputs of an earlier call in the same folder
             shutil.rmtree(old)

@@ -85,10 +85,16 @@ def pick_device(spec: str) -> torch.device:
 
 def _versions() -> dict[str, str]:
     # from the installed metadata: importing transformers costs seconds, and a run does not use it
-    from importlib.metadata import version
+    from importlib.metadata import PackageNotFoundError, version
 
-    return {"omni_cli": __version__, "torch": torch.__version__, "transformers": version("transformers"),
-            "tokenizers": version("tokenizers"), "python": platform.python_version()}
+    def installed(name: str) -> str | None:
+        try:
+            return version(name)
+        except PackageNotFoundError:  # run.json is written after every row: it must not fail here
+            return None
+
+    return {"omni_cli": __version__, "torch": torch.__version__, "transformers": installed("transformers"),
+            "tokenizers": installed("tokenizers"), "python": platform.python_version()}
 
 
 def run_generate(opts: GenerateOptions) -> RunSummary:

@@ -9,6 +9,8 @@ apply_chat_template:
   tokenizer.json         the tokenizers library's own format
   tokenizer_config.json  the named special tokens (bos_token, ...), which
                          templates see as variables; a chat_template key
+                         (special_tokens_map.json too, where it has no
+                         added_tokens_decoder, as transformers reads it)
   chat_template.jinja    the template, where it is a file of its own (first)
 The Jinja environment is transformers': a sandbox with trim_blocks and
 lstrip_blocks, loop controls, its tojson (no HTML escaping), raise_exception
@@ -62,21 +64,48 @@ def _content(token) -> str | None:
     return token if isinstance(token, str) else None
 
 
+# tokenizer classes that transformers loads from tokenizer.json as it is; others (LlamaTokenizerFast,
+# say) may rebuild parts of it, which this does not
+AS_SAVED = (None, "PreTrainedTokenizerFast", "TokenizersBackend")
+# an added token's flags, as tokenizer_config.json's added_tokens_decoder and tokenizer.json write them
+FLAGS = ("lstrip", "rstrip", "single_word", "normalized", "special")
+
+
+def _read_json(path: Path) -> dict:
+    try:
+        return json.loads(path.read_text(encoding="utf-8")) if path.exists() else {}
+    except (OSError, json.JSONDecodeError) as e:
+        raise OmniError(f"{path}: cannot read it ({e})") from None
+
+
 class ChatTokenizer:
     def __init__(self, folder: Path):
         try:
             self.tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
         except Exception as e:  # tokenizers raises its own exception type
             raise OmniError(f"{folder / 'tokenizer.json'}: cannot load the tokenizer ({e})") from None
+        # transformers encodes with neither, whatever tokenizer.json says
+        self.tokenizer.no_truncation()
+        self.tokenizer.no_padding()
         config_path = folder / "tokenizer_config.json"
-        try:
-            config = json.loads(config_path.read_text()) if config_path.exists() else {}
-        except (OSError, json.JSONDecodeError) as e:
-            raise OmniError(f"{config_path}: cannot read it ({e})") from None
+        config = _read_json(config_path)
+        if config.get("tokenizer_class") not in AS_SAVED:
+            raise OmniError(f"{config_path}: tokenizer_class {config['tokenizer_class']!r}; omni reads tokenizers "
+                            f"that transformers loads from tokenizer.json as saved: "
+                            f"{', '.join(c for c in AS_SAVED if c)}")
+        decoder = self.tokenizer.get_added_tokens_decoder()
+        for key, token in (config.get("added_tokens_decoder") or {}).items():
+            ours = decoder.get(int(key))
+            if ours is None or ours.content != token.get("content") or any(
+                    k in token and token[k] != getattr(ours, k) for k in FLAGS):
+                raise OmniError(f"{config_path}: added token {key} ({token.get('content')!r}) differs from "
+                                f"tokenizer.json's; transformers would apply the config's")
+        if "added_tokens_decoder" not in config:  # as transformers does: the legacy file then counts
+            config = {**config, **_read_json(folder / "special_tokens_map.json")}
         self.special_tokens = {k: _content(config[k]) for k in NAMED_SPECIALS if _content(config.get(k))}
         extra = config.get("extra_special_tokens") or config.get("additional_special_tokens") or []
         extra = extra.values() if isinstance(extra, dict) else extra
-        added = {t.content for t in self.tokenizer.get_added_tokens_decoder().values()}
+        added = {t.content for t in decoder.values()}
         named = set(self.special_tokens.values()) | {c for c in map(_content, extra) if c}
         # transformers would add these to the vocabulary (new ids): refuse instead of differing
         unknown = sorted(t for t in named if t not in added)

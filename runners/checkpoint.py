@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -99,6 +100,7 @@ _DTYPES = {"BF16": torch.bfloat16, "F16": torch.float16, "F32": torch.float32, "
 # reading with copying without pinning much host memory (pinning costs time too).
 STAGE_BYTES = 64 << 20
 STAGES = 4
+MAX_HEADER_BYTES = 100 << 20  # the safetensors library's own limit
 
 
 @dataclass(frozen=True)
@@ -112,10 +114,15 @@ class _Entry:
 
 def _entries(path: Path) -> list[_Entry]:
     """The tensors a safetensors file holds, by offset: an 8-byte little-endian header size,
-    the JSON header, then every tensor's bytes."""
+    the JSON header, then every tensor's bytes. Checked as the safetensors library checks
+    them: each tensor's bytes are its shape's, inside the file, overlapping no other's."""
     try:
+        file_size = path.stat().st_size
         with open(path, "rb") as f:
             size = int.from_bytes(f.read(8), "little")
+            if size > min(MAX_HEADER_BYTES, file_size - 8):  # a Git LFS pointer reads as ~2e18
+                raise OmniError(f"{path}: not a safetensors file (its header would be {size} bytes, the file is "
+                                f"{file_size}; a Git LFS pointer not pulled?)")
             header = json.loads(f.read(size))
         base = 8 + size
         out = []
@@ -124,11 +131,20 @@ def _entries(path: Path) -> list[_Entry]:
                 continue
             if info["dtype"] not in _DTYPES:
                 raise OmniError(f"{path}: tensor {key!r} has dtype {info['dtype']}, which omni cannot load")
-            begin, end = info["data_offsets"]
-            out.append(_Entry(key, _DTYPES[info["dtype"]], tuple(info["shape"]), base + begin, base + end))
+            dtype, shape = _DTYPES[info["dtype"]], tuple(int(n) for n in info["shape"])
+            begin, end = (int(o) for o in info["data_offsets"])
+            if not 0 <= begin <= end or end - begin != math.prod(shape) * dtype.itemsize \
+                    or base + end > file_size:
+                raise OmniError(f"{path}: tensor {key!r} has bytes [{begin}, {end}) for shape {list(shape)} of "
+                                f"{info['dtype']} in a data section of {file_size - base} bytes")
+            out.append(_Entry(key, dtype, shape, base + begin, base + end))
     except (OSError, ValueError, KeyError, TypeError) as e:
         raise OmniError(f"{path}: not a readable safetensors file ({e})") from None
-    return sorted(out, key=lambda e: (e.begin, e.end))
+    out.sort(key=lambda e: (e.begin, e.end))
+    for a, b in zip(out, out[1:]):
+        if b.begin < a.end:
+            raise OmniError(f"{path}: the bytes of tensors {a.key!r} and {b.key!r} overlap")
+    return out
 
 
 def stream_into(module: torch.nn.Module, folder: Path, ignore: tuple[str, ...] = ()) -> None:
@@ -140,7 +156,13 @@ def stream_into(module: torch.nn.Module, folder: Path, ignore: tuple[str, ...] =
         raise OmniError(f"no *.safetensors weights in {folder}")
     targets = module.state_dict()
     per_file = [(f, [e for e in _entries(f) if e.key not in ignore]) for f in files]
-    _check_keys(targets.keys(), [e.key for _, es in per_file for e in es], folder)
+    seen: dict[str, str] = {}
+    for f, es in per_file:
+        for e in es:
+            if e.key in seen:  # a stale single file beside shards, say: which one is meant is unknown
+                raise OmniError(f"weights in {folder}: {e.key!r} is in both {seen[e.key]} and {f.name}")
+            seen[e.key] = f.name
+    _check_keys(targets.keys(), seen.keys(), folder)
     for f, es in per_file:
         for e in es:
             if tuple(targets[e.key].shape) != e.shape:
@@ -188,9 +210,9 @@ def _stream_file(path: Path, entries: list[_Entry], targets: dict[str, torch.Ten
             got += n
 
     scratch: dict[str, torch.Tensor] = {}  # entries being converted, until their last piece
+    pool = ThreadPoolExecutor(len(buffers), thread_name_prefix="omni-load")
     try:
-        with ThreadPoolExecutor(len(buffers), thread_name_prefix="omni-load") as pool, \
-                (torch.cuda.stream(copies) if cuda else contextlib.nullcontext()):
+        with torch.cuda.stream(copies) if cuda else contextlib.nullcontext():
             reads = [pool.submit(read, i) for i in range(len(buffers))]  # reads[i]: window i
             k = 0  # the first entry that may overlap the current window
             for i, (lo, hi) in enumerate(windows):
@@ -216,6 +238,9 @@ def _stream_file(path: Path, entries: list[_Entry], targets: dict[str, torch.Ten
                 if i + len(buffers) < len(windows):
                     reads.append(pool.submit(read, i + len(buffers)))
     finally:
-        if cuda:
-            copies.synchronize()  # before the host buffers go, and before anything reads the weights
-        os.close(fd)
+        pool.shutdown(cancel_futures=True)  # after a failure, the reads queued behind it are not wanted
+        try:
+            if cuda:
+                copies.synchronize()  # before the host buffers go, and before anything reads the weights
+        finally:
+            os.close(fd)

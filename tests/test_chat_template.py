@@ -98,3 +98,42 @@ def test_missing_template_and_unknown_special_tokens_are_errors(tmp_path):
     shutil.rmtree(tmp_path / "tok")
     with pytest.raises(OmniError, match="does not parse"):
         ChatTokenizer(_folder(tmp_path, "{% for %}"))
+
+
+def test_truncation_saved_in_tokenizer_json_is_off_as_in_transformers(tmp_path):
+    from tokenizers import Tokenizer
+
+    folder = _folder(tmp_path, TEMPLATES["shipped"])
+    tok = Tokenizer.from_file(str(folder / "tokenizer.json"))
+    tok.enable_truncation(4)
+    tok.save(str(folder / "tokenizer.json"))
+    text = ChatTokenizer(folder).render(CONVERSATIONS[1], add_generation_prompt=True)
+    want = AutoTokenizer.from_pretrained(str(folder))(text, add_special_tokens=False)["input_ids"]
+    assert len(want) > 4 and ChatTokenizer(folder).encode(text) == want
+
+
+def test_legacy_special_tokens_map_feeds_the_template_as_in_transformers(tmp_path):
+    folder = _folder(tmp_path, "{{ bos_token }}|{{ eos_token }}")
+    config = json.loads((folder / "tokenizer_config.json").read_text())
+    config.pop("bos_token")
+    (folder / "tokenizer_config.json").write_text(json.dumps(config))
+    (folder / "special_tokens_map.json").write_text(json.dumps({"bos_token": {"content": "<|end_of_text|>"}}))
+    want = AutoTokenizer.from_pretrained(str(folder)).apply_chat_template(CONVERSATIONS[0], tokenize=False)
+    assert want == "<|end_of_text|>|<|eot_id|>"
+    assert ChatTokenizer(folder).render(CONVERSATIONS[0], add_generation_prompt=False) == want
+
+
+def test_what_transformers_would_rebuild_is_refused(tmp_path):
+    from tokenizers import Tokenizer
+
+    eot = Tokenizer.from_file(str(TINY / "model" / "tokenizer.json")).token_to_id("<|eot_id|>")
+    flags = {"content": "<|eot_id|>", "lstrip": False, "rstrip": True, "single_word": False, "normalized": False,
+             "special": True}
+    folder = _folder(tmp_path, "x", added_tokens_decoder={str(eot): flags})
+    with pytest.raises(OmniError, match=rf"added token {eot} \('<\|eot_id\|>'\) differs from tokenizer.json's"):
+        ChatTokenizer(folder)
+    shutil.rmtree(folder)
+    ChatTokenizer(_folder(tmp_path, "x", added_tokens_decoder={str(eot): {**flags, "rstrip": False}}))
+    shutil.rmtree(tmp_path / "tok")
+    with pytest.raises(OmniError, match="tokenizer_class 'LlamaTokenizerFast'"):
+        ChatTokenizer(_folder(tmp_path, "x", tokenizer_class="LlamaTokenizerFast"))

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 
@@ -100,14 +102,36 @@ def test_stream_into_names_what_does_not_fit(tmp_path):
         stream_into(ours, tmp_path)
 
 
-def test_stream_into_names_a_cut_file(tmp_path):
+def _raw_safetensors(path, header: dict, data: bytes) -> None:
+    blob = json.dumps(header).encode()
+    path.write_bytes(len(blob).to_bytes(8, "little") + blob + data)
+
+
+def test_stream_into_refuses_files_the_safetensors_library_refuses(tmp_path):
+    """A cut file, a Git LFS pointer, a tensor given other bytes than its shape's, overlapping
+    tensors, a key in two files: each an error naming the file (and the tensor)."""
     ours = _saved_tiny_lm(tmp_path)
     f = tmp_path / "model.safetensors"
-    f.write_bytes(f.read_bytes()[:-100])
-    with pytest.raises(OmniError, match=r"model.safetensors: the file ends at byte"):
+    whole = f.read_bytes()
+    f.write_bytes(whole[:-100])
+    with pytest.raises(OmniError, match=r"model.safetensors: tensor '.*' has bytes \["):
         stream_into(ours, tmp_path)
-    f.write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00not json")
+    f.write_text("version https://git-lfs.github.com/spec/v1\noid sha256:0\nsize 1\n")
+    with pytest.raises(OmniError, match="not a safetensors file .*Git LFS pointer"):
+        stream_into(ours, tmp_path)
+    f.write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00not json" + bytes(8))
     with pytest.raises(OmniError, match=r"model.safetensors: not a readable safetensors file"):
+        stream_into(ours, tmp_path)
+    _raw_safetensors(f, {"a": {"dtype": "F32", "shape": [4], "data_offsets": [0, 8]}}, bytes(16))
+    with pytest.raises(OmniError, match=r"tensor 'a' has bytes \[0, 8\) for shape \[4\] of F32"):
+        stream_into(ours, tmp_path)
+    _raw_safetensors(f, {"a": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]},
+                         "b": {"dtype": "F32", "shape": [2], "data_offsets": [4, 12]}}, bytes(12))
+    with pytest.raises(OmniError, match="the bytes of tensors 'a' and 'b' overlap"):
+        stream_into(ours, tmp_path)
+    f.write_bytes(whole)
+    save_file({"audio_lm_head.weight": ours.state_dict()["audio_lm_head.weight"].clone()}, tmp_path / "extra.safetensors")
+    with pytest.raises(OmniError, match="'audio_lm_head.weight' is in both extra.safetensors and model.safetensors"):
         stream_into(ours, tmp_path)
 
 
@@ -135,3 +159,26 @@ def test_codec_roundtrip(tmp_path, weight_norm):
     got = ours.decode(codes)
     assert got.shape == (2, 13 * 960)
     torch.testing.assert_close(got, want, atol=1e-6, rtol=1e-5)
+
+
+def test_codec_config_without_decoder_keys_takes_the_references_defaults(tmp_path):
+    """A codec config that leaves the acoustic decoder's sizes out builds what
+    HiggsAudioV2TokenizerConfig builds from it (its own defaults, not DacConfig's)."""
+    from transformers import HiggsAudioV2TokenizerConfig
+
+    torch.manual_seed(6)
+    tiny = tiny_codec_config().to_dict()
+    cfg = HiggsAudioV2TokenizerConfig(target_bandwidths=tiny["target_bandwidths"], codebook_size=1024, codebook_dim=8,
+                                      acoustic_model_config={"encoder_hidden_size": 2},
+                                      semantic_model_config=tiny["semantic_model_config"])
+    ref = HiggsAudioV2TokenizerModel(cfg).eval()
+    ref.save_pretrained(tmp_path)
+    raw = json.loads((tmp_path / "config.json").read_text())
+    for key in ("hidden_size", "decoder_hidden_size", "upsampling_ratios", "downsampling_ratios"):
+        raw["acoustic_model_config"].pop(key)
+    (tmp_path / "config.json").write_text(json.dumps(raw))
+    ours = HiggsCodecDecoder.load(tmp_path, torch.float32, torch.device("cpu"))
+    codes = torch.randint(0, 1024, (1, ours.num_quantizers, 5))
+    with torch.no_grad():
+        want = ref.decode(codes).audio_values[:, 0]
+    torch.testing.assert_close(ours.decode(codes), want, atol=1e-5, rtol=1e-4)

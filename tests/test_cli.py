@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import numpy as np
+import pytest
 import soundfile as sf
 
 from tests.conftest import read_manifest, run_cli, write_jsonl
@@ -229,6 +230,34 @@ def test_a_failed_drain_call_falls_back_to_the_usual_calls(monkeypatch):
     assert [shape[0] for shape, _ in calls] == [4, 3, 3, 2]  # the first drain call fails; the usual calls
     for i, w in enumerate(want):
         np.testing.assert_array_equal(got[i], w)
+
+
+def test_a_codec_call_that_fails_after_one_is_queued_keeps_the_rows_before_it(monkeypatch):
+    """Calls run one ahead (the next is queued before the last one's audio is taken): when the
+    second call fails, the first one's rows still come out, once each, before the error; the
+    rest are left to decode_rows' retries, which then give every row exactly once."""
+    import runners.higgs_audio_v2.runner as higgs_runner
+    from omni_cli.generate import decode_rows
+
+    runner = _tiny_runner()
+    rng = np.random.default_rng(4)
+    tokens = [_frames(rng, 40) for _ in range(7)]
+    monkeypatch.setattr(higgs_runner, "CODEC_LENGTH_BUCKET", 32)
+    monkeypatch.setattr(higgs_runner, "CODEC_BATCH_FRAMES", 3 * 32)  # calls of 3, 3, then 1
+    want = runner.decode_audio(tokens, batched=True)
+    _codec_calls(monkeypatch, fail=lambda batch, call: call == 2)
+    seen = []
+    with pytest.raises(RuntimeError, match="out of memory"):
+        for rows, waves in runner.decode_audio_calls(tokens, batched=True):
+            seen += rows
+            for i, w in zip(rows, waves):
+                np.testing.assert_array_equal(w, want[i])
+    assert len(seen) == 3 and len(set(seen)) == 3
+    calls = _codec_calls(monkeypatch, fail=lambda batch, call: call == 2)
+    got = list(decode_rows(runner, tokens, batched=True))
+    assert sorted(i for i, _ in got) == list(range(7)) and calls[1][1]
+    for i, w in got:  # the first call's rows as batched, the rest decoded alone: a conv's rounding
+        np.testing.assert_allclose(w, want[i], rtol=0, atol=1e-6)
 
 
 def test_a_codec_batch_that_fails_is_retried_row_by_row(monkeypatch):

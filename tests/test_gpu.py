@@ -283,6 +283,11 @@ def test_stream_into_fills_cuda_tensors_as_safetensors_reads_them(tmp_path, monk
     dtype = getattr(torch, model_dtype)
     with torch.device("cuda"), _default_dtype(dtype):
         model = HiggsAudioV2LM(HiggsConfig.from_file(tmp_path / "config.json"), max_seq_len=16)
+    # work still queued on the current stream when the load starts (as a model's init is): if the
+    # copies did not wait for it, these NaNs would land after them
+    torch.cuda._sleep(200_000_000)  # ~0.1 s of GPU time
+    for t in model.state_dict().values():
+        t.fill_(float("nan")) if t.is_floating_point() else t.zero_()
     checkpoint.stream_into(model, tmp_path)
     got = model.state_dict()
     want = {k: v for f in sorted(tmp_path.glob("*.safetensors")) for k, v in load_file(f).items()}

@@ -37,7 +37,7 @@ DETERMINISTIC_SHAPES = {"cuda": FixedShapes(decode_rows=64, prefill_rows=32, pre
 
 def build(config: ModelConfig, dtype: torch.dtype, device: torch.device,
           raw_logprobs: bool = False) -> tuple[HiggsRunner, PromptBuilder]:
-    laps = _Laps()  # where start-up goes (run.json: timings.load_phases)
+    laps = _Laps(device)  # where start-up goes (run.json: timings.load_phases)
     lm_dir = resolve_folder(config.checkpoint, "checkpoint")
     codec_dir = resolve_folder(config.codec, "codec")
     cfg = HiggsConfig.from_file(lm_dir / "config.json")
@@ -70,13 +70,17 @@ def build(config: ModelConfig, dtype: torch.dtype, device: torch.device,
 
 
 class _Laps:
-    """Seconds between calls, by name (host time; the phases that end in device work sync)."""
+    """Seconds between calls, by name; each waits for the device first, so a phase's queued
+    kernels count in that phase."""
 
-    def __init__(self):
+    def __init__(self, device: torch.device):
+        self.device = device
         self.done: dict[str, float] = {}
         self._t = time.perf_counter()
 
     def __call__(self, name: str) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
         now = time.perf_counter()
         self.done[name] = round(now - self._t, 3)
         self._t = now

@@ -34,6 +34,12 @@ from runners.attention import fused_kernels_available
 from runners.checkpoint import fold_weight_norm, load_into, read_safetensors
 
 
+# what HiggsAudioV2TokenizerConfig puts under a codec config's acoustic_model_config where it
+# leaves a key out (transformers 5.17)
+HIGGS_ACOUSTIC_DEFAULTS = {"downsampling_ratios": [8, 5, 4, 2], "decoder_hidden_size": 1024,
+                           "upsampling_ratios": [8, 5, 4, 2], "hidden_size": 256}
+
+
 class Snake1d(nn.Module):
     """x + sin(alpha x)^2 / (alpha + 1e-9), per channel. x [B, C, T]; alpha [1, C, 1]."""
 
@@ -126,7 +132,7 @@ class HiggsCodecDecoder(nn.Module):
     def __init__(self, raw: dict, path: Path):
         super().__init__()
         try:
-            ac = dict(raw["acoustic_model_config"])
+            ac = {**HIGGS_ACOUSTIC_DEFAULTS, **raw["acoustic_model_config"]}
             sem_hidden = raw["semantic_model_config"]["hidden_size"]
             down = ac["downsampling_ratios"]
         except (KeyError, TypeError) as e:
@@ -138,13 +144,12 @@ class HiggsCodecDecoder(nn.Module):
         bandwidths = raw.get("target_bandwidths", [0.5, 1, 1.5, 2, 4])
         # same rule as HiggsAudioV2TokenizerConfig.num_quantizers
         self.num_quantizers = int(1000 * bandwidths[-1] // (frame_rate * math.ceil(math.log2(size))))
-        # absent keys take transformers' DacConfig defaults
-        acoustic = int(ac.get("hidden_size", 1024))
+        acoustic = int(ac["hidden_size"])
         hidden = acoustic + sem_hidden
         self.quantizer = _RVQ(self.num_quantizers, size, dim, hidden)
         self.fc2 = nn.Linear(hidden, acoustic)
-        self.acoustic_decoder = _AcousticDecoder(acoustic, int(ac.get("decoder_hidden_size", 1536)),
-                                                 [int(x) for x in ac.get("upsampling_ratios", (8, 8, 4, 2))])
+        self.acoustic_decoder = _AcousticDecoder(acoustic, int(ac["decoder_hidden_size"]),
+                                                 [int(x) for x in ac["upsampling_ratios"]])
 
     @classmethod
     def load(cls, folder: Path, dtype: torch.dtype, device: torch.device) -> "HiggsCodecDecoder":

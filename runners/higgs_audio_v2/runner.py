@@ -93,7 +93,7 @@ class HiggsRunner(ModelRunner):
         self.kv_budget: dict | None = None  # the KV budget's terms, set by build (run.json)
         self.load_phases: dict[str, float] = {}  # build's start-up phases, seconds (run.json)
         self._codec_streams = threading.local()  # one CUDA stream per calling thread
-        self._codec_lock = threading.Lock()  # one batched codec call at a time (its memory)
+        self._codec_lock = threading.Lock()  # batched codec calls are queued one at a time
         self.sample_rate = codec.sample_rate
         self.hop_length = codec.hop_length
         c, s = cfg.num_codebooks, num_slots + 1  # + the padding rows' slot
@@ -353,8 +353,7 @@ class HiggsRunner(ModelRunner):
         buffer `slot` (of two: a buffer is filled again two calls later, after its rows were
         copied out). Returns (host audio [B, samples], the copy's event)."""
         with self._codec_lock:
-            wave_gpu = self.codec.decode(torch.from_numpy(padded).to(self.device),
-                                         torch.from_numpy(lengths).to(self.device))  # [B, samples] float32
+            wave_gpu = self.codec.decode(self._to_device(padded), self._to_device(lengths))  # [B, samples] float32
         local = self._codec_streams
         if not hasattr(local, "hosts"):
             local.hosts = [None, None]
@@ -365,6 +364,15 @@ class HiggsRunner(ModelRunner):
         done = new_event(self.device)
         done.record()
         return host, done
+
+    def _to_device(self, a: np.ndarray) -> torch.Tensor:
+        """A host array on the device without waiting: from pageable memory a copy waits for the
+        stream's queued work (the call before), so through pinned memory (on CUDA), whose
+        caching allocator keeps the block until the copy is done."""
+        t = torch.from_numpy(a)
+        if self.device.type != "cuda":
+            return t
+        return t.pin_memory().to(self.device, non_blocking=True)
 
     def _collect_codec(self, chunk: list[int], lengths: np.ndarray, host: torch.Tensor, done):
         """A launched call's rows: (their indices, their audio, copied out of the reused buffer)."""

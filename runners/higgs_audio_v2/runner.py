@@ -317,7 +317,7 @@ class HiggsRunner(ModelRunner):
             buckets: dict[int, list[int]] = {}
             for i in todo:
                 buckets.setdefault(_length_bucket(len(codes[i])), []).append(i)
-            # One call ahead: call k+1 is queued before call k's audio is collected, so the GPU
+            # One call ahead: call k+1 is launched before call k's audio is collected, so the GPU
             # runs it while this thread copies k's rows out and the writers take them.
             pending = None
             calls = 0
@@ -353,7 +353,12 @@ class HiggsRunner(ModelRunner):
         buffer `slot` (of two: a buffer is filled again two calls later, after its rows were
         copied out). Returns (host audio [B, samples], the copy's event)."""
         with self._codec_lock:
-            wave_gpu = self.codec.decode(self._to_device(padded), self._to_device(lengths))  # [B, samples] float32
+            # from pageable memory these copies wait for the stream's queued work, so call k+1
+            # starts once call k is done: what overlaps it is k's rows going out to the writers
+            # (inputs through pinned memory, so that calls queue back to back, were measured once,
+            # lower, on another loan: BENCHMARKS.md, and not kept)
+            wave_gpu = self.codec.decode(torch.from_numpy(padded).to(self.device),
+                                         torch.from_numpy(lengths).to(self.device))  # [B, samples] float32
         local = self._codec_streams
         if not hasattr(local, "hosts"):
             local.hosts = [None, None]
@@ -364,15 +369,6 @@ class HiggsRunner(ModelRunner):
         done = new_event(self.device)
         done.record()
         return host, done
-
-    def _to_device(self, a: np.ndarray) -> torch.Tensor:
-        """A host array on the device without waiting: from pageable memory a copy waits for the
-        stream's queued work (the call before), so through pinned memory (on CUDA), whose
-        caching allocator keeps the block until the copy is done."""
-        t = torch.from_numpy(a)
-        if self.device.type != "cuda":
-            return t
-        return t.pin_memory().to(self.device, non_blocking=True)
 
     def _collect_codec(self, chunk: list[int], lengths: np.ndarray, host: torch.Tensor, done):
         """A launched call's rows: (their indices, their audio, copied out of the reused buffer)."""

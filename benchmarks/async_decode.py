@@ -14,7 +14,6 @@ writes JSON.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
@@ -24,6 +23,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from omni_cli.bench import AUDIO_S_PER_FRAME, random_model, run_requests  # noqa: E402
+from benchmarks.timing import write_results  # noqa: E402
 
 
 def main() -> None:
@@ -67,9 +67,7 @@ def main() -> None:
         print(f"{r['batch']:>5} {r['sync_ms_per_step']:>13.2f} {r['async_ms_per_step']:>14.2f} "
               f"{r['sync_audio_s_per_s']:>13.2f} {r['async_audio_s_per_s']:>14.2f} {r['speedup_pct']:>7.1f}% "
               f"{100 * r['hit_rate']:>8.1f}% {str(r['bit_identical']):>9}")
-    args.out.write_text(json.dumps({"device": torch.cuda.get_device_name(), "torch": torch.__version__,
-                                    "frames": args.frames, "prompt_len": args.prompt_len, "repeats": args.repeats,
-                                    "rows": rows}, indent=2))
+    write_results(args.out, frames=args.frames, prompt_len=args.prompt_len, repeats=args.repeats, rows=rows)
 
 
 if __name__ == "__main__":

@@ -16,7 +16,6 @@ one is a numerics change to make deliberately. Prints a table, writes JSON.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
@@ -25,7 +24,7 @@ import triton
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks.timing import graph_us  # noqa: E402
+from benchmarks.timing import graph_us, write_results  # noqa: E402
 from runners.decode_attention import BLOCK_N, _decode_attention_kernel  # noqa: E402
 
 TILES = [(BLOCK_N, 4, 3), (32, 4, 3), (64, 8, 3), (128, 4, 2), (128, 8, 3), (64, 4, 1), (256, 8, 2)]
@@ -73,8 +72,7 @@ def main() -> None:
     for r in rows:
         cells = [f"{r[n]['us']:7.1f}us" if "us" in r[n] else "  error" for n in names]
         print(f"{r['batch']:>5} {r['keys']:>5} {r['kv_MB_per_layer']:>7.1f} " + " ".join(f"{c:>12}" for c in cells))
-    args.out.write_text(json.dumps({"device": torch.cuda.get_device_name(), "torch": torch.__version__,
-                                    "triton": triton.__version__, "rows": rows}, indent=2))
+    write_results(args.out, triton=triton.__version__, rows=rows)
 
 
 if __name__ == "__main__":

@@ -19,7 +19,6 @@ audio-s/s over the wall. Prints a table and writes JSON.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import tempfile
 import time
@@ -34,6 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from omni_cli.output import OutputWriter  # noqa: E402
 from runners.higgs_audio_v2.codec import HiggsCodecDecoder  # noqa: E402
 from runners.higgs_audio_v2.shapes import codec_config  # noqa: E402
+from benchmarks.timing import write_results  # noqa: E402
 
 FRAMES = 192  # codec frames of a 200-frame row after the delay pattern
 
@@ -104,8 +104,7 @@ def main() -> None:
     for r in rows:
         print(f"{r['mode']:<30} {r['codec_wall_s']:>12.3f} {r['codec_gpu_s']:>11.3f} {r['with_files_s']:>12.3f}"
               f" {r['audio_s_per_s']:>10.0f}")
-    args.out.write_text(json.dumps({"device": torch.cuda.get_device_name(), "torch": torch.__version__,
-                                    "rows": rows}, indent=2))
+    write_results(args.out, rows=rows)
 
 
 if __name__ == "__main__":

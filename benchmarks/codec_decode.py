@@ -19,7 +19,6 @@ Prints a table and writes JSON.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import tempfile
 from pathlib import Path
@@ -31,6 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from runners.higgs_audio_v2.codec import HiggsCodecDecoder  # noqa: E402
 from runners.higgs_audio_v2.shapes import codec_config  # noqa: E402
+from benchmarks.timing import write_results  # noqa: E402
 
 
 def _median_ms(fn, iters: int) -> float:
@@ -100,8 +100,7 @@ def main() -> None:
                  f" {r['ms_masked']:>10.1f}" if "peak_mib" in r else "")
         print(f"{r['peer']:<13} {r['dtype']:<9} {r['batch']:>5} {r['ms']:>9.1f} {r['audio_s_per_s']:>10.0f} "
               f"{r['max_abs_diff_vs_transformers']:>11.2e}{extra}")
-    args.out.write_text(json.dumps({"device": torch.cuda.get_device_name(), "torch": torch.__version__,
-                                    "rows": rows}, indent=2))
+    write_results(args.out, rows=rows)
 
 
 if __name__ == "__main__":

@@ -16,7 +16,6 @@ share of the codec's time the overlap saved. Prints a table and writes JSON.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import tempfile
 import threading
@@ -34,6 +33,7 @@ from runners.device import priority_stream  # noqa: E402
 from runners.engine import Engine  # noqa: E402
 from runners.higgs_audio_v2.codec import HiggsCodecDecoder  # noqa: E402
 from runners.higgs_audio_v2.shapes import codec_config  # noqa: E402
+from benchmarks.timing import write_results  # noqa: E402
 
 
 def main() -> None:
@@ -107,8 +107,7 @@ def main() -> None:
               flush=True)
         del engine, kv
         torch.cuda.empty_cache()
-    args.out.write_text(json.dumps({"device": torch.cuda.get_device_name(), "torch": torch.__version__,
-                                    "rows": out}, indent=2))
+    write_results(args.out, rows=out)
 
 
 if __name__ == "__main__":

@@ -12,7 +12,6 @@ request's codes and logprobs are bit-identical. Prints a table and writes JSON.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
@@ -23,6 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from omni_cli.bench import random_model, run_requests  # noqa: E402
 from runners.higgs_audio_v2 import DETERMINISTIC_SHAPES  # noqa: E402
+from benchmarks.timing import write_results  # noqa: E402
 
 
 def main() -> None:
@@ -58,8 +58,7 @@ def main() -> None:
     for r in rows:
         print(f"{r['max_seq_len']:>11} {r['default_step_ms']:>16.2f} {r['deterministic_step_ms']:>16.2f} "
               f"{r['step_cost_pct']:>9.1f}% {r['wall_cost_pct']:>9.1f}% {str(not r['requests_differing']):>10}")
-    args.out.write_text(json.dumps({"device": torch.cuda.get_device_name(), "torch": torch.__version__,
-                                    "frames": args.frames, "prompt_len": args.prompt_len, "rows": rows}, indent=2))
+    write_results(args.out, frames=args.frames, prompt_len=args.prompt_len, rows=rows)
 
 
 if __name__ == "__main__":

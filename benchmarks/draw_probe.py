@@ -13,7 +13,6 @@ Prints a table and writes JSON.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
@@ -22,7 +21,7 @@ import triton
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks.timing import graph_us  # noqa: E402
+from benchmarks.timing import graph_us, write_results  # noqa: E402
 from runners.fused_draw import _draw_kernel  # noqa: E402
 from runners.sampling import draw_rows  # noqa: E402
 
@@ -68,8 +67,7 @@ def main() -> None:
     for x in results:
         print(f"{x['batch']:>5} {x['rows']:>5} {x['top_k']:>5} {x['kernel']:<13} {x['warps'] or '-':>5} "
               f"{x['us']:>9.1f} {str(x['same_tokens']):>12}")
-    args.out.write_text(json.dumps({"device": torch.cuda.get_device_name(), "torch": torch.__version__,
-                                    "triton": triton.__version__, "rows": results}, indent=2))
+    write_results(args.out, triton=triton.__version__, rows=results)
 
 
 if __name__ == "__main__":

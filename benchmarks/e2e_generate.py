@@ -44,6 +44,7 @@ sys.path.insert(0, str(REPO))
 
 from runners.higgs_audio_v2.config import HiggsConfig  # noqa: E402
 from runners.higgs_audio_v2.shapes import codec_config, shape_config, transformers_config  # noqa: E402
+from benchmarks.timing import write_results  # noqa: E402
 
 TINY = REPO / "configs" / "tiny-higgs-audio-v2"
 
@@ -141,8 +142,7 @@ def main() -> None:
               f"{r['load_s']:>7.1f} {r['warmup_s']:>7.1f} {r['audio_s']:>8.1f} {r['audio_s_per_s_generate']:>12.1f} "
               f"{r['audio_s_per_s_wall']:>13.1f} {r['loop_s']:>7.2f} {r['prefill_s']:>9.2f} {r['prefill_steps']:>8} {r['write_tail_s']:>7.2f} "
               f"{r['codec_s']:>8.2f} {r['codec_calls']:>6} {r['codec_max_call_s']:>8.2f}")
-    args.out.write_text(json.dumps({"device": torch.cuda.get_device_name(), "torch": torch.__version__,
-                                    "runs": results}, indent=2))
+    write_results(args.out, runs=results)
 
 
 if __name__ == "__main__":

@@ -17,7 +17,6 @@ Prints µs per call and TB/s, writes JSON.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
@@ -28,7 +27,7 @@ import triton
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import runners.device as device_mod  # noqa: E402
-from benchmarks.timing import graph_us  # noqa: E402
+from benchmarks.timing import graph_us, write_results  # noqa: E402
 from runners.fused_gemv import TILE, gemv  # noqa: E402
 
 SHAPES = {"qkv": (5120, 3072), "o_proj": (3072, 3072), "gate_up": (16384, 3072), "down": (3072, 8192),
@@ -63,8 +62,7 @@ def main() -> None:
     for r in out:
         cells = [f"{r[k]:6.1f}us {r['n'] * r['k'] * 2 / r[k] / 1e6:4.2f}TB" for k in keys]
         print(f"{r['shape']:<11} {r['MB']:>6.1f} " + " ".join(f"{c:>15}" for c in cells))
-    args.out.write_text(json.dumps({"device": torch.cuda.get_device_name(), "torch": torch.__version__,
-                                    "triton": triton.__version__, "rows": out}, indent=2))
+    write_results(args.out, triton=triton.__version__, rows=out)
 
 
 if __name__ == "__main__":

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import json
 import sys
 from pathlib import Path
 
@@ -38,6 +37,7 @@ from benchmarks.step_profile import _decode_batch, _time_ms  # noqa: E402
 from omni_cli.bench import random_model, run_requests  # noqa: E402
 from runners.attention import KVCache  # noqa: E402
 from runners.engine import Engine  # noqa: E402
+from benchmarks.timing import write_results  # noqa: E402
 
 # MAX_ROWS, PDL, TILE, PAIRED_TILE (None: the shipped one)
 VARIANTS = {"gemm": (0, False, None, None), "gemv": (1, False, None, None), "gemv+pdl": (1, True, None, None)}
@@ -84,8 +84,7 @@ def main() -> None:
               flush=True)
         del engine, kv
         torch.cuda.empty_cache()
-    args.out.write_text(json.dumps({"device": torch.cuda.get_device_name(), "torch": torch.__version__,
-                                    "kv_len": args.kv_len, "rows": rows}, indent=2))
+    write_results(args.out, kv_len=args.kv_len, rows=rows)
 
 
 if __name__ == "__main__":

@@ -19,7 +19,6 @@ Prints a table and writes JSON.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import tempfile
 import time
@@ -35,6 +34,7 @@ from runners.checkpoint import load_into, read_safetensors, stream_into  # noqa:
 from runners.higgs_audio_v2 import IGNORED_KEYS, _default_dtype  # noqa: E402
 from runners.higgs_audio_v2.config import HiggsConfig  # noqa: E402
 from runners.higgs_audio_v2.model import HiggsAudioV2LM  # noqa: E402
+from benchmarks.timing import write_results  # noqa: E402
 
 
 def empty_model(folder: Path) -> HiggsAudioV2LM:
@@ -82,8 +82,7 @@ def main() -> None:
     for way in ("state dict", "stream"):
         best = min(x["s"] for x in rows if x["way"] == way)
         print(f"{way:>10} {best:>7.2f} {gb / best:>6.2f}")
-    args.out.write_text(json.dumps({"device": torch.cuda.get_device_name(), "torch": torch.__version__,
-                                    "checkpoint_gb": gb, "runs": rows}, indent=2))
+    write_results(args.out, checkpoint_gb=gb, runs=rows)
 
 
 if __name__ == "__main__":

@@ -19,7 +19,6 @@ call and TB/s of weight reads, writes JSON.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
@@ -29,7 +28,7 @@ import triton
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks.timing import graph_us  # noqa: E402
+from benchmarks.timing import graph_us, write_results  # noqa: E402
 import runners.fused_mm as fused_mm  # noqa: E402
 from runners.fused_mm import TILE, mm  # noqa: E402
 from runners import fused_ops  # noqa: E402
@@ -87,10 +86,8 @@ def main() -> None:
     for r in out:
         cells = [f"{r[k]:6.1f}us {r['MB'] * 2**20 / r[k] / 1e6:4.2f}TB" for k in keys]
         print(f"{r['shape']:<11} {r['rows']:>4} {r['MB']:>6.1f} " + " ".join(f"{c:>15}" for c in cells))
-    args.out.write_text(json.dumps({"device": torch.cuda.get_device_name(), "torch": torch.__version__,
-                                    "triton": triton.__version__, "shipped": TILE,
-                                    "blas": str(torch.backends.cuda.preferred_blas_library()), "rows": out},
-                                   indent=2))
+    write_results(args.out, triton=triton.__version__, shipped=TILE,
+                  blas=str(torch.backends.cuda.preferred_blas_library()), rows=out)
 
 
 if __name__ == "__main__":

@@ -34,6 +34,7 @@ from omni_cli.bench import H200_FLOPS, random_model  # noqa: E402
 from runners.attention import KVCache  # noqa: E402
 from runners.engine import Engine, ForwardBatch  # noqa: E402
 from runners.higgs_audio_v2.shapes import param_counts  # noqa: E402
+from benchmarks.timing import write_results  # noqa: E402
 
 
 def _timed(fn, repeat: int) -> tuple[float, float]:
@@ -102,8 +103,7 @@ def main() -> None:
         print(f"{r['batch']:>5} {r['batch'] * r['prompt_len']:>7} {r['fused_ms']:>9.2f} {r['fused_first_ms']:>8.1f} {graph} "
               f"{r['plain_ms']:>9.2f} {r['plain_first_ms']:>8.1f} {r['transformers_ms']:>16.2f} {r['floor_ms']:>9.2f} "
               f"{r['floor_ms'] / r['fused_ms']:>15.2f}")
-    args.out.write_text(json.dumps({"device": torch.cuda.get_device_name(), "torch": torch.__version__,
-                                    "rows": rows}, indent=2))
+    write_results(args.out, rows=rows)
 
 
 if __name__ == "__main__":

@@ -14,7 +14,6 @@ Prints a table and writes JSON.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
@@ -26,6 +25,7 @@ from omni_cli.bench import random_model, run_requests  # noqa: E402
 from runners.attention import KVCache  # noqa: E402
 from runners.engine import Engine, ForwardBatch  # noqa: E402
 from runners.fused_draw import fused_draw_rows  # noqa: E402
+from benchmarks.timing import write_results  # noqa: E402
 
 
 def _time_ms(fn, iters: int) -> float:
@@ -104,8 +104,7 @@ def main() -> None:
               f"{r['sample_ms']:>7.2f} {r['eager_kernel_ms']:>12.2f} {r['kernel_launches_per_forward']:>9.0f}")
         for k in r["kernels"]:
             print(f"      {k['ms_per_forward']:8.3f} ms {k['calls_per_forward']:6.0f}x  {k['name']}")
-    args.out.write_text(json.dumps({"device": torch.cuda.get_device_name(), "torch": torch.__version__,
-                                    "kv_len": args.kv_len, "rows": rows}, indent=2))
+    write_results(args.out, kv_len=args.kv_len, rows=rows)
 
 
 if __name__ == "__main__":

@@ -28,6 +28,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from omni_cli.bench import random_model, run_requests  # noqa: E402
+from benchmarks.timing import write_results  # noqa: E402
 
 DEVICE_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
 
@@ -99,8 +100,7 @@ def main() -> None:
             print(f"      outside {k['us_per_step']:8.1f} us {k['calls_per_step']:5.1f}x  {k['name']}")
         for k in r["graph_kernels"]:
             print(f"      graph   {k['us_per_step']:8.1f} us {k['calls_per_step']:5.1f}x  {k['name']}")
-    args.out.write_text(json.dumps({"device": torch.cuda.get_device_name(), "torch": torch.__version__,
-                                    "frames": args.frames, "rows": results}, indent=2))
+    write_results(args.out, frames=args.frames, rows=results)
 
 
 if __name__ == "__main__":

@@ -1,9 +1,19 @@
-"""Timing for the kernel probes: calls replayed from one CUDA graph, so launch cost is not
-measured (in the model every kernel runs inside the step's graph)."""
+"""Shared by the benchmark scripts: timing for the kernel probes (calls replayed from one CUDA
+graph, so launch cost is not measured: in the model every kernel runs inside the step's graph),
+and the JSON every script writes."""
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import torch
+
+
+def write_results(path: Path, **payload) -> None:
+    """A script's JSON: the device and torch it ran on, then its own fields."""
+    path.write_text(json.dumps({"device": torch.cuda.get_device_name(), "torch": torch.__version__, **payload},
+                               indent=2))
 
 
 def graph_us(fn, calls: int, iters: int = 20) -> float:

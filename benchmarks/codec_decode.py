@@ -23,27 +23,13 @@ import sys
 import tempfile
 from pathlib import Path
 
-import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from runners.higgs_audio_v2.codec import HiggsCodecDecoder  # noqa: E402
 from runners.higgs_audio_v2.shapes import codec_config  # noqa: E402
-from benchmarks.timing import write_results  # noqa: E402
-
-
-def _median_ms(fn, iters: int) -> float:
-    fn()
-    times = []
-    for _ in range(iters):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end))
-    return float(np.median(times))
+from benchmarks.timing import median_ms, write_results  # noqa: E402
 
 
 def main() -> None:
@@ -82,7 +68,7 @@ def main() -> None:
                 ours[dt].decode(codes)
                 peak_mib = (torch.cuda.max_memory_allocated() - base) / 2**20
                 for name, fn in peers.items():
-                    ms = _median_ms(fn, args.iters)
+                    ms = median_ms(fn, args.iters)
                     row = {"peer": name, "dtype": str(dt).replace("torch.", ""), "batch": b,
                            "seconds": args.seconds, "ms": ms, "audio_s_per_s": b * args.seconds / (ms / 1e3),
                            "max_abs_diff_vs_transformers": diff}
@@ -90,7 +76,7 @@ def main() -> None:
                         full = torch.full((b,), frames, device=dev)
                         row.update(peak_mib=peak_mib, max_abs_diff_batched_vs_alone=vs_alone,
                                    max_abs_diff_vs_fp32=vs_fp32,
-                                   ms_masked=_median_ms(lambda: ours[dt].decode(codes, full), args.iters))
+                                   ms_masked=median_ms(lambda: ours[dt].decode(codes, full), args.iters))
                     rows.append(row)
             torch.cuda.empty_cache()
     print(f"{'peer':<13} {'dtype':<9} {'batch':>5} {'ms':>9} {'audio-s/s':>10} {'max |diff|':>11} "

@@ -18,30 +18,15 @@ import argparse
 import sys
 from pathlib import Path
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks.timing import write_results  # noqa: E402
+from benchmarks.timing import median_ms, write_results  # noqa: E402
 from runners.attention import fused_kernels_available  # noqa: E402
 from runners.higgs_audio_v2.codec import HiggsCodecDecoder, Snake1d, _FusedSnake1d  # noqa: E402
 from runners.higgs_audio_v2.shapes import codec_config  # noqa: E402
-
-
-def _ms(fn, iters: int) -> float:
-    fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(iters):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end))
-    return float(np.median(times))
 
 
 def _decoder(dtype: torch.dtype, dev: torch.device) -> HiggsCodecDecoder:
@@ -104,17 +89,16 @@ def main() -> None:
             for bench in (False, True):
                 torch.backends.cudnn.benchmark = bench
                 tag = "bench" if bench else "default"
-                row[f"ncl_{tag}_ms"] = _ms(lambda: conv(x), args.iters)
-                row[f"nlc_{tag}_ms"] = _ms(lambda: f2(x2), args.iters)
+                row[f"ncl_{tag}_ms"] = median_ms(lambda: conv(x), args.iters)
+                row[f"nlc_{tag}_ms"] = median_ms(lambda: f2(x2), args.iters)
         rows.append(row)
-        del x, x2
     torch.backends.cudnn.benchmark = False
     codes = torch.randint(0, 1024, (b, dec.num_quantizers, t), device=dev)
     lengths = torch.full((b,), t, device=dev)
     whole = {}
     for bench in (False, True):
         torch.backends.cudnn.benchmark = bench
-        whole["bench" if bench else "default"] = _ms(lambda: dec.decode(codes, lengths), args.iters)
+        whole["bench" if bench else "default"] = median_ms(lambda: dec.decode(codes, lengths), args.iters)
     cols = ["ncl_default_ms", "ncl_bench_ms", "nlc_default_ms", "nlc_bench_ms"]
     print(f"{'conv':<20} {'in':>5} {'out':>5} {'k':>3} {'samples':>8} " + " ".join(f"{c:>15}" for c in cols)
           + f" {'rel diff':>9}")

@@ -1,10 +1,12 @@
 """Shared by the benchmark scripts: timing for the kernel probes (calls replayed from one CUDA
 graph, so launch cost is not measured: in the model every kernel runs inside the step's graph),
-and the JSON every script writes."""
+the median of synchronized eager calls (the codec, launched eagerly in omni generate), and the
+JSON every script writes."""
 
 from __future__ import annotations
 
 import json
+import statistics
 from pathlib import Path
 
 import torch
@@ -14,6 +16,22 @@ def write_results(path: Path, **payload) -> None:
     """A script's JSON: the device and torch it ran on, then its own fields."""
     path.write_text(json.dumps({"device": torch.cuda.get_device_name(), "torch": torch.__version__, **payload},
                                indent=2))
+
+
+def median_ms(fn, iters: int) -> float:
+    """Median milliseconds of fn() over `iters` calls, each timed alone (synchronized), after one
+    untimed call (compiles, cuDNN plans, allocations)."""
+    fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(iters):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end))
+    return statistics.median(times)
 
 
 def graph_us(fn, calls: int, iters: int = 20) -> float:

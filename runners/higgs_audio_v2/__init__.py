@@ -9,9 +9,9 @@ import torch
 
 from omni_cli.config import ModelConfig
 from omni_cli.errors import OmniError
+from omni_cli.scheduler import prefill_token_budget
 from runners.attention import KVCache
 from runners.checkpoint import resolve_folder, stream_into
-from omni_cli.scheduler import prefill_token_budget
 from runners.device import RUNTIME_SLACK_BYTES, free_memory, kv_slots_within, peak_bytes
 from runners.engine import Engine, FixedShapes, ForwardBatch
 from runners.higgs_audio_v2.codec import HiggsCodecDecoder

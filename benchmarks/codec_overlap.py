@@ -8,14 +8,18 @@ STEPS graphed decode forwards of B rows back to back on a high-priority
 stream (as the loop runs, runners/device.py: priority_stream); CALLS masked
 codec decodes of ROWS rows x 192 frames on another thread and stream; and
 both at once. hidden = (LM alone + codec alone - both) / codec alone: the
-share of the codec's time the overlap saved. Prints a table and writes JSON.
+share of the codec's time the overlap saved. With --codec-sms N the codec's
+stream belongs to a CUDA green context of N SMs (0: a plain stream, every SM),
+so its convolutions cannot fill the GPU while the LM's steps can still use every
+SM. Prints a table and writes JSON.
 
-  python benchmarks/codec_overlap.py --batch 64 256 --out codec_overlap.json
+  python benchmarks/codec_overlap.py --batch 64 256 --codec-sms 0 32 --out codec_overlap.json
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
 import tempfile
 import threading
@@ -36,6 +40,31 @@ from runners.higgs_audio_v2.shapes import codec_config  # noqa: E402
 from benchmarks.timing import write_results  # noqa: E402
 
 
+def _green_context(sms: int):
+    """A green context of `sms` SMs on device 0 (torch's beta API)."""
+    from torch.cuda.green_contexts import GreenContext
+
+    return GreenContext.create(num_sms=sms, device_id=0)
+
+
+@contextlib.contextmanager
+def _codec_stream(green):
+    """The codec thread's stream: a new one, or the green context's. Its API differs between
+    torch releases: a Stream() of its own, or (2.10) set_context making its default stream current."""
+    if green is None:
+        with torch.cuda.stream(torch.cuda.Stream()):
+            yield
+    elif hasattr(green, "Stream"):
+        with torch.cuda.stream(green.Stream()):
+            yield
+    else:
+        green.set_context()
+        try:
+            yield
+        finally:
+            green.pop_context()
+
+
 def main() -> None:
     from transformers import HiggsAudioV2TokenizerModel
 
@@ -45,6 +74,8 @@ def main() -> None:
     ap.add_argument("--rows", type=int, default=21, help="codec rows a call (omni generate's calls beside the loop)")
     ap.add_argument("--calls", type=int, default=4)
     ap.add_argument("--kv-len", type=int, default=164)
+    ap.add_argument("--codec-sms", type=int, nargs="+", default=[0],
+                    help="SMs of the codec's green context (0: a plain stream)")
     ap.add_argument("--out", type=Path, default=Path("codec_overlap.json"))
     args = ap.parse_args()
     dev = torch.device("cuda")
@@ -56,7 +87,7 @@ def main() -> None:
     lengths = torch.full((args.rows,), 192, device=dev)
     cfg = model.cfg
     out = []
-    for b in args.batch:
+    for b, sms in [(b, n) for b in args.batch for n in args.codec_sms]:
         kv = KVCache(cfg.num_hidden_layers, b + 1, cfg.num_key_value_heads, 512, cfg.head_dim, torch.bfloat16, dev)
         engine = Engine(model, kv, dev)
         engine.use_graphs()
@@ -72,9 +103,10 @@ def main() -> None:
                 torch.cuda.current_stream().synchronize()
             return time.perf_counter() - t0
 
+        green = _green_context(sms) if sms else None
+
         def codec_calls(result: list) -> None:
-            stream = torch.cuda.Stream()
-            with torch.cuda.stream(stream), torch.inference_mode():
+            with _codec_stream(green), torch.inference_mode():
                 t0 = time.perf_counter()
                 for _ in range(args.calls):
                     codec.decode(codes, lengths).cpu()
@@ -97,14 +129,14 @@ def main() -> None:
         codec_calls(res)
         codec_alone = res[0]
         together, lm_beside = both()
-        row = {"batch": b, "steps": args.steps, "codec_rows": args.rows, "codec_calls": args.calls,
+        row = {"batch": b, "codec_sms": sms, "steps": args.steps, "codec_rows": args.rows, "codec_calls": args.calls,
                "lm_alone_s": lm_alone, "codec_alone_s": codec_alone, "both_s": together,
                "lm_steps_beside_codec_s": lm_beside,
                "hidden": (lm_alone + codec_alone - together) / codec_alone}
         out.append(row)
-        print(f"batch {b:>3}: LM {lm_alone:.3f} s ({1e3 * lm_alone / args.steps:.2f} ms a step), codec "
-              f"{codec_alone:.3f} s, both {together:.3f} s (LM {lm_beside:.3f} s): hidden {100 * row['hidden']:.0f}%",
-              flush=True)
+        print(f"batch {b:>3}, codec on {sms or 'all'} SMs: LM {lm_alone:.3f} s "
+              f"({1e3 * lm_alone / args.steps:.2f} ms a step), codec {codec_alone:.3f} s, both {together:.3f} s "
+              f"(LM {lm_beside:.3f} s): hidden {100 * row['hidden']:.0f}%", flush=True)
         del engine, kv
         torch.cuda.empty_cache()
     write_results(args.out, rows=out)

@@ -6,6 +6,7 @@ JSON every script writes."""
 from __future__ import annotations
 
 import json
+import platform
 import statistics
 from pathlib import Path
 
@@ -13,9 +14,9 @@ import torch
 
 
 def write_results(path: Path, **payload) -> None:
-    """A script's JSON: the device and torch it ran on, then its own fields."""
-    path.write_text(json.dumps({"device": torch.cuda.get_device_name(), "torch": torch.__version__, **payload},
-                               indent=2))
+    """A script's JSON: the device (the host's CPU without one) and torch it ran on, then its own fields."""
+    device = torch.cuda.get_device_name() if torch.cuda.is_available() else platform.processor() or "cpu"
+    path.write_text(json.dumps({"device": device, "torch": torch.__version__, **payload}, indent=2))
 
 
 def median_ms(fn, iters: int) -> float:

@@ -7,12 +7,13 @@ OUT/metadata.jsonl        one row per input row, failures included; loadable
 OUT/run.json              versions, config, device, totals and timings
 
 The manifest is appended and flushed row by row as results complete, so a
-crash loses nothing already written; at the end it is rewritten in input
-order (write to a temporary file, then rename).
+crash of the process loses nothing already written; at the end it is
+rewritten in input order (write to a temporary file, then rename).
 """
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import threading
@@ -67,8 +68,16 @@ class OutputWriter:
         audio_rel = f"audio/{rid}.{self.fmt}"
         tmp = self.out / f"audio/.{rid}.partial.{self.fmt}"
         # 16-bit PCM: float WAV would carry libsndfile's PEAK chunk, whose
-        # timestamp makes files of the same audio differ byte for byte
-        sf.write(tmp, pcm16(audio), self.sample_rate, format=self.fmt.upper(), subtype="PCM_16")
+        # timestamp makes files of the same audio differ byte for byte.
+        # Encoded in memory, then written at once: to a path, libsndfile seeks
+        # ~50 times a file and fsyncs it on close (1.19 against 0.59 ms a wav on
+        # one thread on the H200 machine's disk, benchmarks/write_probe.py; a
+        # cluster's network file system makes each fsync dearer). No file of the
+        # run is fsynced, the npz and manifest included: what was written
+        # survives a crash of the process, not necessarily one of the machine.
+        encoded = io.BytesIO()
+        sf.write(encoded, pcm16(audio), self.sample_rate, format=self.fmt.upper(), subtype="PCM_16")
+        tmp.write_bytes(encoded.getbuffer())
         os.replace(tmp, self.out / audio_rel)
         npz_rel = f"logprobs/{rid}.npz"
         tmp = self.out / f"logprobs/.{rid}.partial.npz"

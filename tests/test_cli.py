@@ -78,16 +78,16 @@ def test_flac_and_stdin(tmp_path):
 
 
 def test_a_row_whose_files_cannot_be_written_fails_alone(tmp_path, monkeypatch):
-    import omni_cli.output as output
+    from pathlib import Path
 
-    real_write = output.sf.write
+    real_write = Path.write_bytes
 
-    def write(path, *a, **k):
+    def write(path, data):
         if ".b.partial" in str(path):
             raise OSError(28, "No space left on device")
-        return real_write(path, *a, **k)
+        return real_write(path, data)
 
-    monkeypatch.setattr(output.sf, "write", write)
+    monkeypatch.setattr(Path, "write_bytes", write)
     prompts = write_jsonl(tmp_path / "p.jsonl", [{"id": i, "text": f"row {i}"} for i in ("a", "b", "c")])
     res = run_cli("generate", prompts, "-o", tmp_path / "out", "-q", "--max-new-frames", "10")
     assert res.exit_code == 1
@@ -111,6 +111,22 @@ def test_pcm16_matches_libsndfile():
     sf.write(ours, pcm16(audio), 24000, format="WAV", subtype="PCM_16")
     sf.write(theirs, np.clip(audio, -1, 1), 24000, format="WAV", subtype="PCM_16")
     assert ours.getvalue() == theirs.getvalue()
+
+
+@pytest.mark.parametrize("fmt", ["wav", "flac"])
+def test_audio_files_are_the_bytes_libsndfile_writes_to_a_path(tmp_path, fmt):
+    """Encoded in memory and written at once, a row's audio file is byte for byte the file
+    libsndfile writes itself to a path (which seeks and fsyncs: output.py)."""
+    from omni_cli.output import OutputWriter, pcm16
+
+    rng = np.random.default_rng(1)
+    audio = (rng.standard_normal(48_001) * 0.3).astype(np.float32)
+    tokens = rng.integers(0, 1024, (20, 8))
+    writer = OutputWriter(tmp_path / "out", fmt, 24000)
+    writer.write_ok(1, "r", audio, tokens, np.zeros((20, 8), np.float32), np.ones((20, 8), bool), {"row": 1})
+    writer.close()
+    sf.write(tmp_path / f"want.{fmt}", pcm16(audio), 24000, format=fmt.upper(), subtype="PCM_16")
+    assert (tmp_path / f"out/audio/r.{fmt}").read_bytes() == (tmp_path / f"want.{fmt}").read_bytes()
 
 
 def _codec_calls(monkeypatch, fail=lambda batch, call: False):

@@ -295,3 +295,46 @@ def test_stream_into_fills_cuda_tensors_as_safetensors_reads_them(tmp_path, monk
     for k, v in want.items():
         assert got[k].device.type == "cuda" and got[k].dtype == dtype
         assert torch.equal(got[k].cpu(), v.to(dtype)), k
+
+
+def test_fused_codec_units_match_the_reference_decode_on_cuda(tmp_path):
+    """The CUDA codec with its residual-unit kernel (runners/fused_codec.py: 128, 64 and 32
+    channels in bf16; cuDNN for the 256- and 16-channel units) against transformers'
+    HiggsAudioV2TokenizerModel.decode on the same weights in float32 with TF32 off: within
+    twice the reference's own bf16 distance from that (a 512-channel decoder, 40 frames);
+    and a padded, masked batch row against the same row decoded alone, within the same bound."""
+    import torch
+    from transformers import HiggsAudioV2TokenizerModel
+
+    from runners.higgs_audio_v2.codec import HiggsCodecDecoder, _FusedResidualUnit
+    from tests.tiny_checkpoint import tiny_codec_config
+
+    cfg = tiny_codec_config()
+    cfg.acoustic_model_config.decoder_hidden_size = 512
+    torch.manual_seed(0)
+    ref = HiggsAudioV2TokenizerModel(cfg).eval()
+    with torch.no_grad():
+        for q in ref.quantizer.quantizers:  # spread codebooks (their init is zeros)
+            q.codebook.embed.normal_()
+    ref.save_pretrained(tmp_path)
+    dev = torch.device("cuda")
+    codes = torch.randint(0, 1024, (3, 8, 40), generator=torch.Generator().manual_seed(1)).to(dev)
+    with torch.inference_mode():
+        ref = ref.to(dev)
+        torch.backends.cudnn.allow_tf32 = False
+        try:
+            want = ref.decode(codes, return_dict=False)[:, 0].float()  # audio [B, 1, samples] -> [B, samples]
+        finally:
+            torch.backends.cudnn.allow_tf32 = True
+        peer = ref.to(torch.bfloat16).decode(codes, return_dict=False)[:, 0].float()
+        scale = want.abs().max()
+        bound = 2 * (peer - want).abs().max() / scale
+        ours = HiggsCodecDecoder.load(tmp_path, torch.bfloat16, dev)
+        widths = sorted({m.conv1.in_channels for m in ours.modules() if isinstance(m, _FusedResidualUnit)})
+        assert widths == [32, 64, 128], widths
+        err = (ours.decode(codes) - want).abs().max() / scale
+        masked = ours.decode(codes, torch.tensor([40, 23, 0], device=dev))
+        alone = ours.decode(codes[1:2, :, :23])[0]
+        err_masked = (masked[1, : 23 * ours.hop_length] - alone).abs().max() / scale
+        print(f"bf16: {err:.1e} off the float32 reference (bound {bound:.1e}), masked row {err_masked:.1e}")
+        assert err <= bound and err_masked <= bound, (err, err_masked, bound)

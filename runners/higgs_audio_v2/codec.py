@@ -15,7 +15,9 @@ not loaded; voice cloning will need them.
 
 As in the reference, the DAC decoder's transposed convolutions get
 output_padding = stride % 2 and the final tanh is dropped. On CUDA with
-Triton the Snake activations run as one kernel each (runners/fused_ops.py).
+Triton the Snake activations run as one kernel each (runners/fused_ops.py),
+and in 16-bit the narrow residual units after their first Snake too
+(runners/fused_codec.py).
 """
 
 from __future__ import annotations
@@ -109,6 +111,31 @@ class _FusedSnake1d(Snake1d):
         return snake(hidden_states, self.alpha)
 
 
+class _FusedResidualUnit(_ResidualUnit):
+    """A narrow residual unit whose work after its first Snake is one Triton kernel
+    (runners/fused_codec.py); `kernel` holds its weights, laid out once."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.kernel(self.snake1(x), x)
+
+
+def use_fused_kernels(dec: nn.Module) -> None:
+    """Swap the acoustic decoder's Snakes, and its residual units of 32-128 channels, for their
+    Triton kernels, in the modules' final device and dtype. On CUDA float32 units stay
+    cuDNN's (TF32), which the kernel's full-precision float32 dot would not match in speed;
+    elsewhere only Triton's interpreter runs this (tests), in any dtype."""
+    from runners.fused_codec import FusedUnit, fits
+
+    p = next(dec.parameters())
+    units = p.device.type != "cuda" or p.dtype in (torch.bfloat16, torch.float16)
+    for m in dec.modules():
+        if isinstance(m, Snake1d):
+            m.__class__ = _FusedSnake1d
+        elif isinstance(m, _ResidualUnit) and units and fits(m.conv1.in_channels):
+            m.__class__ = _FusedResidualUnit
+            m.kernel = FusedUnit(m)
+
+
 class _Codebook(nn.Module):
     def __init__(self, size: int, dim: int):
         super().__init__()
@@ -168,9 +195,7 @@ class HiggsCodecDecoder(nn.Module):
         load_into(dec, state, folder)
         dec = dec.to(device=device, dtype=dtype).eval()
         if fused_kernels_available(device):
-            for m in dec.acoustic_decoder.modules():
-                if isinstance(m, Snake1d):
-                    m.__class__ = _FusedSnake1d
+            use_fused_kernels(dec.acoustic_decoder)
         return dec
 
     @torch.no_grad()
@@ -223,5 +248,9 @@ class HiggsCodecDecoder(nn.Module):
             h = block.conv_t1(act(block.snake1, h, rate))  # ConvTranspose1d here makes exactly T * stride
             rate *= block.conv_t1.stride[0]
             for unit in (block.res_unit1, block.res_unit2, block.res_unit3):
-                h = h + unit.conv2(act(unit.snake2, unit.conv1(act(unit.snake1, h, rate)), rate))
+                s = act(unit.snake1, h, rate)
+                if isinstance(unit, _FusedResidualUnit):
+                    h = unit.kernel(s, h, lengths, rate)  # masks its second Snake itself
+                else:
+                    h = h + unit.conv2(act(unit.snake2, unit.conv1(s), rate))
         return dec.conv2(act(dec.snake1, h, rate))

@@ -1,0 +1,91 @@
+"""A residual unit of the codec's DAC decoder as one Triton kernel (CUDA; Triton's interpreter in tests).
+
+A unit is x + conv1x1(snake2(conv7_dilated(s))), s = snake1(x), on [B, C, L]
+signals. At the decoder's high-rate end (32-128 channels at 4-24 kHz) cuDNN
+reads those few channels at 1-2 TB/s and each step is a pass over the whole
+signal: the two convolutions, the second Snake and the add took 17.1 ms of a
+32-row call's 38.9 (bf16, H200: BENCHMARKS.md, "Codec decode"). Here one
+program takes BLOCK_L positions of one row, every channel: the seven dilated
+taps as tensor-core dots, the bias, the Snake, the 1x1 dot and the residual
+add, the intermediate signal never leaving the program. The convolutions
+around it stay cuDNN's, on [B, C, L] (in channels last cuDNN's choices were
+10-25x slower at some shapes, depending on what ran before). The whole masked
+call at 64 rows x 10 s then took 70.4 ms (9,085 audio-s/s, 2.3x transformers'
+decode in the same run).
+Rounding follows the modules' forward in 16-bit: each convolution's sum rounded,
+then its bias added and rounded (as ATen adds a cuDNN convolution's bias), the
+Snake's steps (fused_ops._snake_kernel), the residual add; sums in float32.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+# The widths the kernel takes, in whole power-of-two channel tiles: the released decoder's
+# narrow units (128, 64, 32 channels), those measured. Wider units keep cuDNN (their
+# [BLOCK_L, C] tiles would not fit), and so do narrower ones, which only test decoders have.
+MIN_CHANNELS, MAX_CHANNELS = 32, 128
+
+
+@triton.jit
+def _unit_kernel(s_ptr, x_ptr, w1_ptr, b1_ptr, a2_ptr, w2_ptr, b2_ptr, out_ptr, lengths_ptr, L, rate, dil,
+                 C: tl.constexpr, BLOCK_L: tl.constexpr, MASKED: tl.constexpr, PRECISION: tl.constexpr):
+    # s, x, out [B, C, L]; w1 [7, C in, C out] (tap-major); w2 [C in, C out]; one row's BLOCK_L positions
+    row = tl.program_id(1).to(tl.int64)
+    pos = tl.program_id(0) * BLOCK_L + tl.arange(0, BLOCK_L)
+    ch = tl.arange(0, C)
+    base = row * C * L
+    w_offs = ch[:, None] * C + ch[None, :]
+    acc = tl.zeros((BLOCK_L, C), dtype=tl.float32)
+    for tap in tl.static_range(7):  # the dilated kernel's taps; zero padding outside the row
+        src = pos + (tap - 3) * dil
+        tile = tl.load(s_ptr + base + ch[None, :] * L + src[:, None], mask=((src >= 0) & (src < L))[:, None],
+                       other=0.0)  # [BLOCK_L, C in], positions contiguous
+        acc = tl.dot(tile, tl.load(w1_ptr + tap * C * C + w_offs), acc, input_precision=PRECISION)
+    dt = s_ptr.dtype.element_ty
+    y = (acc.to(dt).to(tl.float32) + tl.load(b1_ptr + ch).to(tl.float32)[None, :]).to(dt)
+    a = tl.load(a2_ptr + ch).to(tl.float32)[None, :]
+    inv = (1.0 / (a + 1e-9).to(dt).to(tl.float32)).to(dt).to(tl.float32)
+    sin = tl.sin((a * y.to(tl.float32)).to(dt).to(tl.float32)).to(dt).to(tl.float32)
+    y = (y.to(tl.float32) + (inv * (sin * sin).to(dt).to(tl.float32)).to(dt).to(tl.float32)).to(dt)
+    if MASKED:  # the 1x1 convolution reads nothing past the row's length
+        y = tl.where((pos < tl.load(lengths_ptr + row) * rate)[:, None], y, 0.0).to(dt)
+    z = tl.dot(y, tl.load(w2_ptr + w_offs), input_precision=PRECISION)
+    z = (z.to(dt).to(tl.float32) + tl.load(b2_ptr + ch).to(tl.float32)[None, :]).to(dt)
+    here = base + ch[None, :] * L + pos[:, None]
+    ok = (pos < L)[:, None]
+    x = tl.load(x_ptr + here, mask=ok, other=0.0)
+    tl.store(out_ptr + here, (x.to(tl.float32) + z.to(tl.float32)).to(dt), mask=ok)
+
+
+def fits(channels: int) -> bool:
+    return MIN_CHANNELS <= channels <= MAX_CHANNELS and channels & (channels - 1) == 0
+
+
+class FusedUnit:
+    """A residual unit's weights laid out for _unit_kernel (views of the loaded module's,
+    in its device and dtype)."""
+
+    def __init__(self, unit):
+        assert unit.conv1.kernel_size[0] == 7 and unit.conv1.padding[0] == 3 * unit.conv1.dilation[0]
+        self.dilation = unit.conv1.dilation[0]
+        self.w1 = unit.conv1.weight.detach().permute(2, 1, 0).contiguous()  # [C out, C in, 7] -> [7, C in, C out]
+        self.b1 = unit.conv1.bias.detach().contiguous()
+        self.w2 = unit.conv2.weight.detach()[:, :, 0].t().contiguous()  # [C out, C in, 1] -> [C in, C out]
+        self.b2 = unit.conv2.bias.detach().contiguous()
+        self.alpha2 = unit.snake2.alpha.detach().reshape(-1).contiguous()
+
+    def __call__(self, s: torch.Tensor, x: torch.Tensor, lengths: torch.Tensor | None = None,
+                 rate: int = 1) -> torch.Tensor:
+        """s = snake1(x) (zero from lengths[b] * rate on, with lengths), x [B, C, L] -> the unit's output."""
+        b, c, length = x.shape
+        x, s = x.contiguous(), s.contiguous()
+        out = torch.empty_like(x)
+        block = max(16, 8192 // c)  # the [BLOCK_L, C] float32 accumulator: 64 registers a thread at 4 warps
+        _unit_kernel[(triton.cdiv(length, block), b)](
+            s, x, self.w1, self.b1, self.alpha2, self.w2, self.b2, out, x if lengths is None else lengths, length,
+            rate, self.dilation, C=c, BLOCK_L=block, MASKED=lengths is not None,
+            PRECISION="ieee" if x.dtype == torch.float32 else "tf32", num_warps=4)
+        return out

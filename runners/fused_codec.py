@@ -10,7 +10,7 @@ taps as tensor-core dots, the bias, the Snake, the 1x1 dot and the residual
 add, the intermediate signal never leaving the program. The convolutions
 around it stay cuDNN's, on [B, C, L] (in channels last cuDNN's choices were
 10-25x slower at some shapes, depending on what ran before). The whole masked
-call at 64 rows x 10 s then took 70.4 ms (9,085 audio-s/s, 2.3x transformers'
+call at 64 rows x 10 s then took 70.6 ms (9,065 audio-s/s, 2.3x transformers'
 decode in the same run).
 Rounding follows the modules' forward in 16-bit: each convolution's sum rounded,
 then its bias added and rounded (as ATen adds a cuDNN convolution's bias), the
@@ -65,8 +65,8 @@ def fits(channels: int) -> bool:
 
 
 class FusedUnit:
-    """A residual unit's weights laid out for _unit_kernel (views of the loaded module's,
-    in its device and dtype)."""
+    """A residual unit's weights laid out for _unit_kernel: copies, made from the loaded
+    module in its final device and dtype."""
 
     def __init__(self, unit):
         assert unit.conv1.kernel_size[0] == 7 and unit.conv1.padding[0] == 3 * unit.conv1.dilation[0]

@@ -1,5 +1,5 @@
-"""The CUDA decode kernels (attention, fused norm/rope/silu path, batch-1 GEMVs, the draw, Higgs
-masks and publish), checked on the CPU in Triton's interpreter."""
+"""The CUDA kernels (attention, fused norm/rope/silu path, batch-1 GEMVs, the draw, Higgs
+masks and publish, the codec's Snake and residual units), checked on the CPU in Triton's interpreter."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ pytest.importorskip("triton")
 
 
 @pytest.mark.parametrize("script", ["interpret_decode_attention", "interpret_fused_decode", "interpret_fused_draw",
-                                    "interpret_higgs_step"])
+                                    "interpret_higgs_step", "interpret_fused_codec"])
 def test_kernels_in_interpreter(script):
     env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(REPO)}
     res = subprocess.run([sys.executable, "-m", f"tests.{script}"], cwd=REPO, env=env,

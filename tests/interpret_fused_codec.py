@@ -1,0 +1,98 @@
+"""The codec's CUDA kernels against PyTorch, in Triton's CPU interpreter.
+
+Run as a subprocess by tests/test_decode_attention.py with TRITON_INTERPRET=1.
+The fused Snake activation (runners/fused_ops.py) against transformers'
+Snake1d, and its masked form (zero past each row's length) against Snake1d
+then zeros; the tiny codec with its fused kernels (those Snakes and the
+residual-unit kernel, runners/fused_codec.py) against the modules' forward,
+a masked batch and a whole row, in float32; and in float16 a 512-channel
+decoder, every width the unit kernel takes.
+"""
+
+from __future__ import annotations
+
+import copy
+import sys
+
+import torch
+
+
+def main() -> int:
+    return 0 if _snake_matches() and _masked_codec_matches() and _half_codec_matches() else 1
+
+
+def _masked_codec_matches() -> bool:
+    """The tiny codec with its fused kernels (the masking Snakes; the unit kernel at its 32
+    channels, dilations 1, 3 and 9) against the modules' forward (float32): a padded, masked
+    batch against the plain masked decode, and one row whole."""
+    from runners.higgs_audio_v2.codec import HiggsCodecDecoder, _FusedResidualUnit, use_fused_kernels
+    from tests.conftest import TINY
+
+    plain = HiggsCodecDecoder.load(TINY / "codec", torch.float32, torch.device("cpu"))
+    fused = copy.deepcopy(plain)
+    use_fused_kernels(fused.acoustic_decoder)
+    widths = sorted(m.conv1.in_channels for m in fused.modules() if isinstance(m, _FusedResidualUnit))
+    g = torch.Generator().manual_seed(3)
+    codes = torch.randint(0, 1024, (2, plain.num_quantizers, 12), generator=g)
+    lengths = torch.tensor([12, 7])
+    want, got = plain.decode(codes, lengths), fused.decode(codes, lengths)
+    hop = plain.hop_length
+    err = max((got[i, : n * hop] - want[i, : n * hop]).abs().max().item() for i, n in enumerate(lengths.tolist()))
+    whole = (fused.decode(codes[1:, :, :7]) - plain.decode(codes[1:, :, :7])).abs().max().item()
+    print(f"codec, fused (units at {widths} channels) against the modules: masked batch {err:.2e}, "
+          f"a whole row {whole:.2e} (max abs difference)")
+    return widths == [32] * 3 and err < 1e-5 and whole < 1e-5
+
+
+def _half_codec_matches() -> bool:
+    """The fused codec in float16 (the interpreter's 16-bit dot; its bf16 dot is broken) at a
+    decoder of 512 channels (units of 256 to 16: the kernel takes 128, 64 and 32) within twice
+    the modules' own float16 distance from their float32 decode."""
+    from pathlib import Path
+
+    from runners.higgs_audio_v2.codec import HiggsCodecDecoder, _FusedResidualUnit, use_fused_kernels
+    from tests.tiny_checkpoint import tiny_codec_config
+
+    torch.manual_seed(0)
+    cfg = tiny_codec_config()
+    cfg.acoustic_model_config.decoder_hidden_size = 512
+    dec = HiggsCodecDecoder(cfg.to_dict(), Path("codec")).eval()
+    with torch.no_grad():
+        for q in dec.quantizer.quantizers:  # spread codebooks (their init is zeros)
+            q.codebook.embed.normal_()
+    codes = torch.randint(0, 1024, (1, 8, 12))
+    want = dec.decode(codes)
+    half = copy.deepcopy(dec).to(torch.float16)
+    plain_err = (half.decode(codes) - want).abs().max() / want.abs().max()
+    use_fused_kernels(half.acoustic_decoder)
+    widths = sorted({m.conv1.in_channels for m in half.modules() if isinstance(m, _FusedResidualUnit)})
+    err = (half.decode(codes) - want).abs().max() / want.abs().max()
+    print(f"codec, fused, in float16: {err:.2e} off float32 (the modules in float16: {plain_err:.2e})")
+    return widths == [32, 64, 128] and bool(err <= 2 * plain_err)
+
+
+def _snake_matches() -> bool:
+    """The codec's fused Snake against transformers' Snake1d (float32)."""
+    from transformers.models.dac.modeling_dac import Snake1d
+
+    from runners.fused_ops import snake
+
+    g = torch.Generator().manual_seed(2)
+    ref = Snake1d(5)
+    with torch.no_grad():
+        ref.alpha.copy_(torch.rand(1, 5, 1, generator=g) * 2 + 0.1)
+    x = torch.randn(2, 5, 1500, generator=g) * 3  # T not a multiple of the block
+    want = ref(x).detach()
+    err = (snake(x, ref.alpha.detach()) - want).abs().max().item()
+    # masked (the codec's padded batches): zero from lengths[b] * rate on, even over inf
+    lengths, rate = torch.tensor([100, 37]), 8
+    x[1, :, 37 * rate:] = float("inf")
+    keep = (torch.arange(1500)[None, :] < lengths[:, None] * rate)[:, None, :]
+    masked = snake(x, ref.alpha.detach(), lengths, rate)
+    err_masked = (masked - torch.where(keep, want, 0.0)).abs().max().item()
+    print(f"snake max abs difference {err:.2e}, masked {err_masked:.2e}")
+    return err < 1e-5 and err_masked < 1e-5
+
+
+if __name__ == "__main__":
+    sys.exit(main())

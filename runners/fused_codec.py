@@ -14,7 +14,7 @@ call at 64 rows x 10 s then took 70.6 ms (9,065 audio-s/s, 2.3x transformers'
 decode in the same run).
 Rounding follows the modules' forward in 16-bit: each convolution's sum rounded,
 then its bias added and rounded (as ATen adds a cuDNN convolution's bias), the
-Snake's steps (fused_ops._snake_kernel), the residual add; sums in float32.
+Snake's steps (fused_ops.snake_value), the residual add; sums in float32.
 """
 
 from __future__ import annotations
@@ -22,6 +22,8 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+
+from runners.fused_ops import snake_value
 
 # The widths the kernel takes, in whole power-of-two channel tiles: the released decoder's
 # narrow units (128, 64, 32 channels), those measured. Wider units keep cuDNN (their
@@ -46,10 +48,7 @@ def _unit_kernel(s_ptr, x_ptr, w1_ptr, b1_ptr, a2_ptr, w2_ptr, b2_ptr, out_ptr, 
         acc = tl.dot(tile, tl.load(w1_ptr + tap * C * C + w_offs), acc, input_precision=PRECISION)
     dt = s_ptr.dtype.element_ty
     y = (acc.to(dt).to(tl.float32) + tl.load(b1_ptr + ch).to(tl.float32)[None, :]).to(dt)
-    a = tl.load(a2_ptr + ch).to(tl.float32)[None, :]
-    inv = (1.0 / (a + 1e-9).to(dt).to(tl.float32)).to(dt).to(tl.float32)
-    sin = tl.sin((a * y.to(tl.float32)).to(dt).to(tl.float32)).to(dt).to(tl.float32)
-    y = (y.to(tl.float32) + (inv * (sin * sin).to(dt).to(tl.float32)).to(dt).to(tl.float32)).to(dt)
+    y = snake_value(y, tl.load(a2_ptr + ch).to(tl.float32)[None, :])
     if MASKED:  # the 1x1 convolution reads nothing past the row's length
         y = tl.where((pos < tl.load(lengths_ptr + row) * rate)[:, None], y, 0.0).to(dt)
     z = tl.dot(y, tl.load(w2_ptr + w_offs), input_precision=PRECISION)

@@ -146,6 +146,18 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
 
 
 @triton.jit
+def snake_value(x, a):
+    """DAC's Snake of x (any shape, its dtype) with alpha a (float32, broadcast to x), each
+    step rounded to x's dtype where the PyTorch ops round. Shared by the Snake kernel
+    below and the codec's residual-unit kernel (runners/fused_codec.py)."""
+    dt = x.dtype
+    inv = (1.0 / (a + 1e-9).to(dt).to(tl.float32)).to(dt).to(tl.float32)
+    sin = tl.sin((a * x.to(tl.float32)).to(dt).to(tl.float32)).to(dt).to(tl.float32)
+    sq = (sin * sin).to(dt).to(tl.float32)
+    return (x.to(tl.float32) + (inv * sq).to(dt).to(tl.float32)).to(dt)
+
+
+@triton.jit
 def _snake_kernel(x_ptr, alpha_ptr, out_ptr, lengths_ptr, channels, t, rate, BLOCK: tl.constexpr,
                   MASKED: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)  # b * channels + c
@@ -153,11 +165,7 @@ def _snake_kernel(x_ptr, alpha_ptr, out_ptr, lengths_ptr, channels, t, rate, BLO
     ok = cols < t
     x = tl.load(x_ptr + row * t + cols, mask=ok, other=0.0)
     dt = x.dtype
-    a = tl.load(alpha_ptr + row % channels).to(tl.float32)
-    inv = (1.0 / (a + 1e-9).to(dt).to(tl.float32)).to(dt).to(tl.float32)
-    sin = tl.sin((a * x.to(tl.float32)).to(dt).to(tl.float32)).to(dt).to(tl.float32)
-    sq = (sin * sin).to(dt).to(tl.float32)
-    y = (x.to(tl.float32) + (inv * sq).to(dt).to(tl.float32)).to(dt)
+    y = snake_value(x, tl.load(alpha_ptr + row % channels).to(tl.float32))
     if MASKED:  # zero past the row's length (a select, so garbage there, even inf, leaves nothing)
         y = tl.where(cols < tl.load(lengths_ptr + row // channels) * rate, y, 0.0).to(dt)
     tl.store(out_ptr + row * t + cols, y, mask=ok)

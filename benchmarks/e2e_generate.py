@@ -67,7 +67,8 @@ def write_checkpoint(root: Path) -> None:
     torch.cuda.empty_cache()
 
 
-def run(root: Path, rows: int, batch: int, frames: int, async_decode: bool, vary: int = 0) -> dict:
+def write_inputs(root: Path, rows: int, frames: int, vary: int = 0) -> tuple[Path, Path]:
+    """The run's model config and prompt file (rows of one sentence each) in root."""
     cfg = root / "model.yaml"
     cfg.write_text(f"family: higgs_audio_v2\ncheckpoint: {root / 'model'}\ncodec: {root / 'codec'}\n"
                    "dtype: bfloat16\ndevice: auto\nmax_seq_len: 512\n")
@@ -80,6 +81,11 @@ def run(root: Path, rows: int, batch: int, frames: int, async_decode: bool, vary
             row["max_new_frames"] = row["min_new_frames"] = rng.randint(frames - vary, frames + vary)
         lines.append(json.dumps(row) + "\n")
     prompts.write_text("".join(lines))
+    return cfg, prompts
+
+
+def run(root: Path, rows: int, batch: int, frames: int, async_decode: bool, vary: int = 0) -> dict:
+    cfg, prompts = write_inputs(root, rows, frames, vary)
     out = root / f"out-{rows}-{batch}-{int(async_decode)}-{vary}"
     cmd = [sys.executable, "-m", "omni_cli", "generate", str(prompts), "-o", str(out), "--model", str(cfg), "-q",
            "--max-batch-size", str(batch), "--max-new-frames", str(frames), "--min-new-frames", str(frames),

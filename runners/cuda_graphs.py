@@ -24,6 +24,7 @@ from __future__ import annotations
 import torch
 
 from runners.attention import AttentionContext, KVCache, fused_kernels_available, kv_bucket
+from runners.device import CAPTURE_LOCK
 from runners.engine import ForwardBatch
 
 
@@ -85,7 +86,7 @@ class DecodeGraphs:
         graph = torch.cuda.CUDAGraph()
         # thread_local: the writer thread keeps decoding audio on its own stream
         # while this thread captures (the default mode fails its CUDA calls)
-        with torch.cuda.graph(graph, pool=self.pool, capture_error_mode="thread_local"):
+        with CAPTURE_LOCK, torch.cuda.graph(graph, pool=self.pool, capture_error_mode="thread_local"):
             out = forward(post)
         return st, inputs, graph, out
 
@@ -179,7 +180,7 @@ class PrefillGraphs:
                 forward()
         torch.cuda.current_stream().wait_stream(side)
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self.pool, capture_error_mode="thread_local"):
+        with CAPTURE_LOCK, torch.cuda.graph(graph, pool=self.pool, capture_error_mode="thread_local"):
             logits = forward()
         return st, graph, logits
 

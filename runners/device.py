@@ -8,6 +8,7 @@ async-decode logic above this module is the same on both, so CI runs it.
 from __future__ import annotations
 
 import contextlib
+import threading
 
 import torch
 
@@ -39,6 +40,20 @@ def host_buffer(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device
 # runner.py): the CUDA graphs' pool (decode steps, small prefills), cuBLAS and cuDNN
 # workspaces, the allocator's fragmentation
 RUNTIME_SLACK_BYTES = 1 << 30
+
+
+# Held by every CUDA graph capture, and by the device-wide calls made beside one: a capture
+# must not overlap another thread's device synchronize or cache flush, which spoil it (and
+# torch.cuda.graph, used by the LM's graphs, does both before it captures). The codec
+# thread captures its calls' graphs (runners/codec_graphs.py) while the decode loop runs
+# and may capture a new prefill bucket.
+CAPTURE_LOCK = threading.RLock()
+
+
+def empty_cache() -> None:
+    """torch.cuda.empty_cache, never while another thread captures a graph."""
+    with CAPTURE_LOCK:
+        torch.cuda.empty_cache()
 
 
 def kv_slots_within(free_bytes: int, per_slot_bytes: int, wanted: int, headroom: int) -> int:

@@ -222,6 +222,46 @@ def test_small_prefills_replay_graphs_within_bf16_rounding_of_eager():
     assert sorted(engines[1].prefill_graphs._entries) == [(1, 64), (4, 64)]
 
 
+def test_codec_graphs_replay_what_the_eager_call_computes():
+    """Batched codec calls through CodecGraphs (the tiny codec, bf16, masked rows): a shape's
+    first call runs eagerly, its second captures and replays, later ones replay; every call's
+    audio equals the eager decode of the same codes bit for bit, also after another shape's
+    graph (sharing the memory pool) ran in between, and a replay gets its own codes' audio."""
+    import numpy as np
+    import torch
+
+    from runners.codec_graphs import CodecGraphs
+    from runners.higgs_audio_v2.codec import HiggsCodecDecoder
+
+    dev = torch.device("cuda")
+    codec = HiggsCodecDecoder.load(TINY / "codec", torch.bfloat16, dev)
+    eager_calls = []
+
+    class Counted:  # the codec, its decode calls recorded (eager runs and captures)
+        def decode(self, codes, lengths):
+            eager_calls.append(tuple(codes.shape))
+            return codec.decode(codes, lengths)
+
+    graphs = CodecGraphs(Counted(), dev)
+    rng = np.random.default_rng(0)
+
+    def call(rows: int, frames: int):
+        codes = rng.integers(0, 1024, (rows, codec.num_quantizers, frames), dtype=np.int64)
+        lengths = rng.integers(1, frames + 1, rows).astype(np.int64)
+        with torch.inference_mode():
+            want = codec.decode(torch.from_numpy(codes).to(dev), torch.from_numpy(lengths).to(dev)).cpu()
+            got = graphs(torch.from_numpy(codes).pin_memory(), torch.from_numpy(lengths).pin_memory()).cpu()
+        assert torch.equal(got, want), (rows, frames, float((got - want).abs().max()))
+
+    shapes = [(4, 64), (4, 64), (2, 128), (4, 64), (2, 128), (2, 128), (4, 64)]
+    with torch.cuda.stream(torch.cuda.Stream()):  # as on the codec thread: not the default stream
+        for rows, frames in shapes:
+            call(rows, frames)
+    # one eager call and one capture for each shape; the rest replayed
+    q = codec.num_quantizers
+    assert eager_calls == [(4, q, 64), (4, q, 64), (2, q, 128), (2, q, 128)], eager_calls
+
+
 def test_default_mode_batches_the_codec_within_bf16_rounding(tmp_path):
     """Rows that finish together share a padded, masked codec call on CUDA: each row's audio
     stays within bf16's own rounding (our bf16 decode against float32) of the row decoded alone."""
@@ -232,24 +272,24 @@ def test_default_mode_batches_the_codec_within_bf16_rounding(tmp_path):
     import runners.higgs_audio_v2 as higgs
     from omni_cli.config import load_config
     from omni_cli.output import pcm16
-    from runners.higgs_audio_v2.codec import HiggsCodecDecoder
+    from runners.codec_graphs import CodecGraphs
 
     cfg = write_config(tmp_path / "m.yaml", TINY, max_seq_len=256)
     cfg.write_text(cfg.read_text().replace("dtype: float32", "dtype: bfloat16").replace("device: cpu", "device: cuda"))
     import omni_cli.generate as generate
 
-    calls = []
-    real, real_warm = HiggsCodecDecoder.decode, generate._warm_up
-    HiggsCodecDecoder.decode = lambda self, codes, lengths=None: (calls.append(codes.shape[0]),
-                                                                  real(self, codes, lengths))[1]
+    calls = []  # every batched call's rows, eager or replayed
+    real, real_warm = CodecGraphs.__call__, generate._warm_up
+    CodecGraphs.__call__ = lambda self, codes, lengths: (calls.append(codes.shape[0]), real(self, codes, lengths))[1]
     generate._warm_up = lambda *a: (real_warm(*a), calls.append("warmed"))
     try:
         out = _gen(tmp_path, "d", cfg, [{"id": f"r{i}", "text": t} for i, t in enumerate(TEXTS)], "--seed", "2",
                    "--min-new-frames", "60", "--max-batch-size", "8")
     finally:
-        HiggsCodecDecoder.decode, generate._warm_up = real, real_warm
+        CodecGraphs.__call__, generate._warm_up = real, real_warm
     warm = calls[: calls.index("warmed")]
-    assert warm == [1 << i for i in range(len(warm))], calls  # the warm-up: batches 1, 2, 4, ...
+    # the warm-up: batches 1, 2, 4, ..., two calls each (the second captures the shape's graph)
+    assert warm == [1 << (i // 2) for i in range(len(warm))] and len(warm) % 2 == 0, calls
     assert calls[len(warm) + 1:] == [8], calls  # the 8 rows finish in one step and share one call
     dev = torch.device("cuda")
     runners = {dt: higgs.build(load_config(str(cfg)), dt, dev)[0] for dt in (torch.bfloat16, torch.float32)}

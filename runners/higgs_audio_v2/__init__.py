@@ -112,8 +112,12 @@ def _kv_slots(config: ModelConfig, cfg: HiggsConfig, model: HiggsAudioV2LM, dtyp
     measured_s = time.perf_counter() - t0  # a cold process compiles the prefill's kernels here
     free = free_memory(device)  # after the measurement: the workspaces it created stay
     # the codec's calls beside the loop, at the per-frame peak measured for the released
-    # codec (runners/higgs_audio_v2/runner.py); the drain's larger calls check free memory
-    codec = codec_bytes(CODEC_BATCH_FRAMES, dtype)
+    # codec (runners/higgs_audio_v2/runner.py), twice where they are batched and graphed
+    # (CUDA, default mode): the graphs' pool and the eager first calls of shapes not
+    # captured yet each keep a call's activations (runners/codec_graphs.py); the drain's
+    # larger calls check free memory
+    graphed = device.type == "cuda" and not config.deterministic
+    codec = codec_bytes(CODEC_BATCH_FRAMES, dtype) * (2 if graphed else 1)
     headroom = prefill + codec + RUNTIME_SLACK_BYTES
     slots = kv_slots_within(free, per_slot, config.max_batch_size, headroom)
     if slots < 1:

@@ -24,8 +24,9 @@ import numpy as np
 import torch
 
 from runners.attention import fused_kernels_available
+from runners.codec_graphs import CodecGraphs
 from runners.base import BatchResult, ModelRunner, StepCollect
-from runners.device import host_buffer, new_event
+from runners.device import empty_cache, host_buffer, new_event
 from runners.engine import Engine, ForwardBatch
 from runners.higgs_audio_v2.codec import HiggsCodecDecoder
 from runners.higgs_audio_v2.config import HiggsConfig
@@ -92,7 +93,8 @@ class HiggsRunner(ModelRunner):
         self.codec = codec
         self.kv_budget: dict | None = None  # the KV budget's terms, set by build (run.json)
         self.load_phases: dict[str, float] = {}  # build's start-up phases, seconds (run.json)
-        self._codec_streams = threading.local()  # one CUDA stream per calling thread
+        # per calling thread: its CUDA stream, its two host buffers, its codec graphs (codec_graphs.py)
+        self._codec_local = threading.local()
         self._codec_lock = threading.Lock()  # batched codec calls are queued one at a time
         self.sample_rate = codec.sample_rate
         self.hop_length = codec.hop_length
@@ -230,9 +232,9 @@ class HiggsRunner(ModelRunner):
     def _codec_stream(self):
         if self.device.type != "cuda":
             return contextlib.nullcontext()
-        if not hasattr(self._codec_streams, "stream"):
-            self._codec_streams.stream = torch.cuda.Stream(self.device)
-        return torch.cuda.stream(self._codec_streams.stream)
+        if not hasattr(self._codec_local, "stream"):
+            self._codec_local.stream = torch.cuda.Stream(self.device)
+        return torch.cuda.stream(self._codec_local.stream)
 
     def codec_rows_per_call(self, max_new_frames: int, drain: bool = False) -> int:
         """How many rows of max_new_frames frames one batched codec call holds (``drain``: once
@@ -249,7 +251,7 @@ class HiggsRunner(ModelRunner):
         if self.device.type == "cuda":
             # the loop has stopped: hand its cached blocks back, then count only what is free
             # (a block cached for the loop's stream would not serve this one)
-            torch.cuda.empty_cache()
+            empty_cache()
             free, _ = torch.cuda.mem_get_info(self.device)
             if free < codec_bytes(CODEC_DRAIN_FRAMES, next(self.codec.parameters()).dtype):
                 return rows
@@ -272,10 +274,15 @@ class HiggsRunner(ModelRunner):
         sizes = _batches(most, self.codec_rows_per_call(max_new_frames))
         if drain:
             sizes = _batches(most, self.codec_rows_per_call(max_new_frames, drain=True)) - sizes
-        for n in sorted(sizes):  # one call each
-            self.decode_audio([frames] * n, batched, drain=drain)
+        # on CUDA two calls a shape beside the loop: the first plans and compiles, the second
+        # captures the shape's graph (codec_graphs.py); the drain's are captured at the drain,
+        # when the loop no longer needs the memory their graphs keep
+        calls = 2 if self.device.type == "cuda" and not drain else 1
+        for n in sorted(sizes):
+            for _ in range(calls):
+                self.decode_audio([frames] * n, batched, drain=drain)
         if drain and self.device.type == "cuda":
-            torch.cuda.empty_cache()  # the KV budget keeps room for the calls beside the loop only
+            empty_cache()  # the KV budget keeps room for the calls beside the loop only
 
     def decode_audio(self, tokens: list[np.ndarray], batched: bool, drain: bool = False) -> list[np.ndarray]:
         """Generated frames, [T, C] per request -> waveforms, float32 [samples] each at
@@ -349,19 +356,26 @@ class HiggsRunner(ModelRunner):
                 yield self._collect_codec(*pending)
 
     def _launch_codec(self, padded: np.ndarray, lengths: np.ndarray, slot: int):
-        """Queues one batched codec call and the copy of its audio into this thread's host
-        buffer `slot` (of two: a buffer is filled again two calls later, after its rows were
-        copied out). Returns (host audio [B, samples], the copy's event)."""
+        """Queues one batched codec call (a CUDA graph from a shape's second call on) and the
+        copy of its audio into this thread's host buffer `slot`. Returns (host audio
+        [B, samples], the copy's event).
+
+        Two buffers each way, used by alternate calls: a call's inputs go through pinned
+        memory, so their copies queue behind call k-1 instead of the host waiting for it (as
+        from pageable memory), and call k is queued at once, back to back on the GPU; a
+        buffer is filled again two calls later, once the call that used it was collected."""
+        local = self._codec_local
+        if not hasattr(local, "graphs"):
+            local.graphs, local.inputs, local.hosts = CodecGraphs(self.codec, self.device), [None, None], [None, None]
+        n = padded.size + lengths.size
+        if local.inputs[slot] is None or local.inputs[slot].numel() < n:
+            local.inputs[slot] = host_buffer((n,), torch.int64, self.device)
+        codes_host = local.inputs[slot][: padded.size].view(padded.shape)
+        lengths_host = local.inputs[slot][padded.size: n]
+        codes_host.numpy()[...] = padded
+        lengths_host.numpy()[...] = lengths
         with self._codec_lock:
-            # from pageable memory these copies wait for the stream's queued work, so call k+1
-            # starts once call k is done: what overlaps it is k's rows going out to the writers
-            # (inputs through pinned memory, so that calls queue back to back, were measured once,
-            # lower, on another loan: BENCHMARKS.md, and not kept)
-            wave_gpu = self.codec.decode(torch.from_numpy(padded).to(self.device),
-                                         torch.from_numpy(lengths).to(self.device))  # [B, samples] float32
-        local = self._codec_streams
-        if not hasattr(local, "hosts"):
-            local.hosts = [None, None]
+            wave_gpu = local.graphs(codes_host, lengths_host)  # [B, samples] float32; a graph's buffer: copied out next
         if local.hosts[slot] is None or local.hosts[slot].numel() < wave_gpu.numel():
             local.hosts[slot] = host_buffer((wave_gpu.numel(),), torch.float32, self.device)
         host = local.hosts[slot][: wave_gpu.numel()].view(wave_gpu.shape)

@@ -29,6 +29,11 @@ from runners.fused_ops import snake_value
 # narrow units (128, 64, 32 channels), those measured. Wider units keep cuDNN (their
 # [BLOCK_L, C] tiles would not fit), and so do narrower ones, which only test decoders have.
 MIN_CHANNELS, MAX_CHANNELS = 32, 128
+# (positions a program, warps) per width: the fastest of those timed at a drain call's shapes
+# (32 rows x 192 frames, bf16, H200: benchmarks/codec_tiles.py, BENCHMARKS.md); a tile does
+# not change a value (the same dots per position)
+UNIT_TILES = {128: (64, 4), 64: (128, 8), 32: (128, 8)}
+HEAD_TILE = (128, 4)  # the last convolution's kernel: (positions a program, warps), the fastest timed
 
 
 @triton.jit
@@ -59,6 +64,49 @@ def _unit_kernel(s_ptr, x_ptr, w1_ptr, b1_ptr, a2_ptr, w2_ptr, b2_ptr, out_ptr, 
     tl.store(out_ptr + here, (x.to(tl.float32) + z.to(tl.float32)).to(dt), mask=ok)
 
 
+@triton.jit
+def _head_kernel(s_ptr, w_ptr, b_ptr, out_ptr, L, C: tl.constexpr, BLOCK: tl.constexpr):
+    # s [B, C, L] (the last Snake's output, zero past each row's length); w [C, 7]; out [B, 1, L]
+    row = tl.program_id(1).to(tl.int64)
+    pos = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    ch = tl.arange(0, C)
+    acc = tl.zeros((C, BLOCK), dtype=tl.float32)  # per channel: one reduction at the end, not one a tap
+    for tap in tl.static_range(7):  # kernel 7, padding 3: zero outside the row
+        src = pos + tap - 3
+        tile = tl.load(s_ptr + row * C * L + ch[:, None] * L + src[None, :],
+                       mask=((src >= 0) & (src < L))[None, :], other=0.0)  # [C, BLOCK]
+        acc += tile.to(tl.float32) * tl.load(w_ptr + ch * 7 + tap).to(tl.float32)[:, None]
+    dt = s_ptr.dtype.element_ty
+    y = (tl.sum(acc, axis=0).to(dt).to(tl.float32) + tl.load(b_ptr).to(tl.float32)).to(dt)
+    tl.store(out_ptr + row * L + pos, y, mask=pos < L)
+
+
+class FusedHead:
+    """The decoder's last convolution (C channels -> 1, kernel 7) for _head_kernel: 0.92 ms
+    against cuDNN's 1.38 at a drain call's 32 rows (bf16, H200: benchmarks/codec_tiles.py).
+    Both are far from the one read of the signal it needs (0.1 ms): the taps' shifted loads
+    are not aligned, so they are not vectorized."""
+
+    def __init__(self, conv):
+        assert conv.out_channels == 1 and conv.kernel_size[0] == 7 and conv.padding[0] == 3
+        self.w = conv.weight.detach()[0].contiguous()  # [1, C, 7] -> [C, 7]
+        self.b = conv.bias.detach().contiguous()
+
+    def __call__(self, s: torch.Tensor) -> torch.Tensor:
+        """s [B, C, L] -> [B, 1, L], in s's dtype."""
+        b, c, length = s.shape
+        s = s.contiguous()
+        out = torch.empty(b, 1, length, dtype=s.dtype, device=s.device)
+        block, warps = HEAD_TILE
+        _head_kernel[(triton.cdiv(length, block), b)](s, self.w, self.b, out, length, C=c, BLOCK=block,
+                                                      num_warps=warps)
+        return out
+
+
+def head_fits(channels: int) -> bool:
+    return channels <= MAX_CHANNELS and channels & (channels - 1) == 0
+
+
 def fits(channels: int) -> bool:
     return MIN_CHANNELS <= channels <= MAX_CHANNELS and channels & (channels - 1) == 0
 
@@ -82,9 +130,9 @@ class FusedUnit:
         b, c, length = x.shape
         x, s = x.contiguous(), s.contiguous()
         out = torch.empty_like(x)
-        block = max(16, 8192 // c)  # the [BLOCK_L, C] float32 accumulator: 64 registers a thread at 4 warps
+        block, warps = UNIT_TILES[c]
         _unit_kernel[(triton.cdiv(length, block), b)](
             s, x, self.w1, self.b1, self.alpha2, self.w2, self.b2, out, x if lengths is None else lengths, length,
             rate, self.dilation, C=c, BLOCK_L=block, MASKED=lengths is not None,
-            PRECISION="ieee" if x.dtype == torch.float32 else "tf32", num_warps=4)
+            PRECISION="ieee" if x.dtype == torch.float32 else "tf32", num_warps=warps)
         return out

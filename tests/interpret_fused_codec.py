@@ -3,8 +3,9 @@
 Run as a subprocess by tests/test_decode_attention.py with TRITON_INTERPRET=1.
 The fused Snake activation (runners/fused_ops.py) against transformers'
 Snake1d, and its masked form (zero past each row's length) against Snake1d
-then zeros; the tiny codec with its fused kernels (those Snakes and the
-residual-unit kernel, runners/fused_codec.py) against the modules' forward,
+then zeros; the tiny codec with its fused kernels (those Snakes, the
+residual-unit kernel and the last convolution's, runners/fused_codec.py)
+against the modules' forward,
 a masked batch and a whole row, in float32; and in float16 a 512-channel
 decoder, every width the unit kernel takes.
 """
@@ -23,9 +24,9 @@ def main() -> int:
 
 def _masked_codec_matches() -> bool:
     """The tiny codec with its fused kernels (the masking Snakes; the unit kernel at its 32
-    channels, dilations 1, 3 and 9) against the modules' forward (float32): a padded, masked
-    batch against the plain masked decode, and one row whole."""
-    from runners.higgs_audio_v2.codec import HiggsCodecDecoder, _FusedResidualUnit, use_fused_kernels
+    channels, dilations 1, 3 and 9; the last convolution's at 2 channels) against the modules'
+    forward (float32): a padded, masked batch against the plain masked decode, and one row whole."""
+    from runners.higgs_audio_v2.codec import HiggsCodecDecoder, _FusedHeadConv, _FusedResidualUnit, use_fused_kernels
     from tests.conftest import TINY
 
     plain = HiggsCodecDecoder.load(TINY / "codec", torch.float32, torch.device("cpu"))
@@ -41,16 +42,18 @@ def _masked_codec_matches() -> bool:
     whole = (fused.decode(codes[1:, :, :7]) - plain.decode(codes[1:, :, :7])).abs().max().item()
     print(f"codec, fused (units at {widths} channels) against the modules: masked batch {err:.2e}, "
           f"a whole row {whole:.2e} (max abs difference)")
-    return widths == [32] * 3 and err < 1e-5 and whole < 1e-5
+    head = isinstance(fused.acoustic_decoder.conv2, _FusedHeadConv)
+    return widths == [32] * 3 and head and err < 1e-5 and whole < 1e-5
 
 
 def _half_codec_matches() -> bool:
     """The fused codec in float16 (the interpreter's 16-bit dot; its bf16 dot is broken) at a
-    decoder of 512 channels (units of 256 to 16: the kernel takes 128, 64 and 32) within twice
-    the modules' own float16 distance from their float32 decode."""
+    decoder of 512 channels (units of 256 to 16: the kernel takes 128, 64 and 32; the last
+    convolution's kernel reads 16) within twice the modules' own float16 distance from their
+    float32 decode."""
     from pathlib import Path
 
-    from runners.higgs_audio_v2.codec import HiggsCodecDecoder, _FusedResidualUnit, use_fused_kernels
+    from runners.higgs_audio_v2.codec import HiggsCodecDecoder, _FusedHeadConv, _FusedResidualUnit, use_fused_kernels
     from tests.tiny_checkpoint import tiny_codec_config
 
     torch.manual_seed(0)
@@ -68,7 +71,8 @@ def _half_codec_matches() -> bool:
     widths = sorted({m.conv1.in_channels for m in half.modules() if isinstance(m, _FusedResidualUnit)})
     err = (half.decode(codes) - want).abs().max() / want.abs().max()
     print(f"codec, fused, in float16: {err:.2e} off float32 (the modules in float16: {plain_err:.2e})")
-    return widths == [32, 64, 128] and bool(err <= 2 * plain_err)
+    head = isinstance(half.acoustic_decoder.conv2, _FusedHeadConv)
+    return widths == [32, 64, 128] and head and bool(err <= 2 * plain_err)
 
 
 def _snake_matches() -> bool:

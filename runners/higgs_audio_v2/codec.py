@@ -16,8 +16,8 @@ not loaded; voice cloning will need them.
 As in the reference, the DAC decoder's transposed convolutions get
 output_padding = stride % 2 and the final tanh is dropped. On CUDA with
 Triton the Snake activations run as one kernel each (runners/fused_ops.py),
-and in 16-bit the narrow residual units after their first Snake too
-(runners/fused_codec.py).
+and in 16-bit the narrow residual units after their first Snake and the last
+convolution too (runners/fused_codec.py).
 """
 
 from __future__ import annotations
@@ -119,12 +119,21 @@ class _FusedResidualUnit(_ResidualUnit):
         return self.kernel(self.snake1(x), x)
 
 
-def use_fused_kernels(dec: nn.Module) -> None:
-    """Swap the acoustic decoder's Snakes, and its residual units of 32-128 channels, for their
-    Triton kernels, in the modules' final device and dtype. On CUDA float32 units stay
-    cuDNN's (TF32), which the kernel's full-precision float32 dot would not match in speed;
-    elsewhere only Triton's interpreter runs this (tests), in any dtype."""
-    from runners.fused_codec import FusedUnit, fits
+class _FusedHeadConv(nn.Conv1d):
+    """The decoder's last convolution (to one channel) as one Triton kernel
+    (runners/fused_codec.py); `kernel` holds its weights."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.kernel(x)
+
+
+def use_fused_kernels(dec: _AcousticDecoder) -> None:
+    """Swap the acoustic decoder's Snakes, its residual units of 32-128 channels and its last
+    convolution for their Triton kernels, in the modules' final device and dtype. On CUDA in
+    float32 the units and the last convolution stay cuDNN's (TF32), which the kernels'
+    full-precision float32 arithmetic would not match in speed or rounding; elsewhere only
+    Triton's interpreter runs this (tests), in any dtype."""
+    from runners.fused_codec import FusedHead, FusedUnit, fits, head_fits
 
     p = next(dec.parameters())
     units = p.device.type != "cuda" or p.dtype in (torch.bfloat16, torch.float16)
@@ -134,6 +143,9 @@ def use_fused_kernels(dec: nn.Module) -> None:
         elif isinstance(m, _ResidualUnit) and units and fits(m.conv1.in_channels):
             m.__class__ = _FusedResidualUnit
             m.kernel = FusedUnit(m)
+    if units and head_fits(dec.conv2.in_channels):
+        dec.conv2.__class__ = _FusedHeadConv
+        dec.conv2.kernel = FusedHead(dec.conv2)
 
 
 class _Codebook(nn.Module):

@@ -1,4 +1,4 @@
-"""Where a one-wave run's tail goes: the codec stream's work after the last decode step, inside `omni generate` and alone.
+"""A one-wave run's tail: the codec stream after the last decode step, in `omni generate` and alone.
 
 In a one-wave run every row finishes at the last step, so the codec's calls
 and the files come after the loop (run.json's write_tail_s). At batch 256 the
@@ -166,7 +166,8 @@ def main() -> None:
               f"gaps {r['gap_ms']:.1f} ms ({r['gaps_over_0_5ms']} over 0.5 ms: {r['gap_ms_over_0_5ms']:.1f}), "
               f"copies {r['memcpy_ms']:.1f} ms")
         for k in r["kernels"]:
-            print(f"    {k['ms']:8.2f} ms {k['count']:5d}x  {k['name']}" + (f"\n{'':22}{k['op'][:150]}" if k["op"] else ""))
+            op = f"\n{'':22}{k['op'][:150]}" if k["op"] else ""  # alone: what launched it, its shapes
+            print(f"    {k['ms']:8.2f} ms {k['count']:5d}x  {k['name']}{op}")
     print(json.dumps({k: results["in_situ"][k] for k in ("generate_s", "loop_s", "write_tail_s", "codec_s")}))
     write_results(args.out, rows=args.rows, batch=args.batch, frames=args.frames, drain_rows=args.drain_rows,
                   cudnn_benchmark=args.cudnn_benchmark, **results)

@@ -84,8 +84,9 @@ class DecodeGraphs:
                 forward(post)
         torch.cuda.current_stream().wait_stream(side)
         graph = torch.cuda.CUDAGraph()
-        # thread_local: the writer thread keeps decoding audio on its own stream
-        # while this thread captures (the default mode fails its CUDA calls)
+        # thread_local: the codec thread keeps decoding audio on its own stream
+        # while this thread captures (the default mode fails its CUDA calls);
+        # CAPTURE_LOCK: not while it captures a codec graph
         with CAPTURE_LOCK, torch.cuda.graph(graph, pool=self.pool, capture_error_mode="thread_local"):
             out = forward(post)
         return st, inputs, graph, out

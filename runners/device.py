@@ -47,7 +47,7 @@ RUNTIME_SLACK_BYTES = 1 << 30
 # torch.cuda.graph, used by the LM's graphs, does both before it captures). The codec
 # thread captures its calls' graphs (runners/codec_graphs.py) while the decode loop runs
 # and may capture a new prefill bucket.
-CAPTURE_LOCK = threading.RLock()
+CAPTURE_LOCK = threading.Lock()
 
 
 def empty_cache() -> None:

@@ -24,8 +24,8 @@ import numpy as np
 import torch
 
 from runners.attention import fused_kernels_available
-from runners.codec_graphs import CodecGraphs
 from runners.base import BatchResult, ModelRunner, StepCollect
+from runners.codec_graphs import CodecGraphs
 from runners.device import empty_cache, host_buffer, new_event
 from runners.engine import Engine, ForwardBatch
 from runners.higgs_audio_v2.codec import HiggsCodecDecoder

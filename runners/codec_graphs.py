@@ -19,7 +19,13 @@ stream) and hand back its cached blocks. On the CPU every call is eager.
 HAZARDS: a replayed call's output is the graph's own buffer, which the shape's
 next replay overwrites: the caller copies it out on the same stream before its
 next call. An instance's graphs share one memory pool (a call's activations),
-so they run one at a time, on one stream: one instance per thread.
+so they run one at a time, on one stream: one instance per thread. Each
+graph's output stays allocated in that pool (up to 16 MiB: a call of
+CODEC_BATCH_FRAMES frames), so at most MAX_GRAPHS shapes are captured and
+the rest run eagerly: 15 more outputs than the one call the KV budget counts
+fit in its slack (runners/device.py: RUNTIME_SLACK_BYTES). A run of one
+length takes ~6 shapes (its padded batches); varied lengths a few per
+length bucket.
 """
 
 from __future__ import annotations
@@ -27,6 +33,8 @@ from __future__ import annotations
 import torch
 
 from runners.device import CAPTURE_LOCK
+
+MAX_GRAPHS = 16
 
 
 class CodecGraphs:
@@ -44,7 +52,7 @@ class CodecGraphs:
         [B, T * hop] float32 on the device, queued on the current stream."""
         shape = tuple(codes_host.shape)
         entry = self._graphs.get(shape)
-        if entry is None and (not self._capture or shape not in self._seen):
+        if entry is None and (not self._capture or shape not in self._seen or len(self._graphs) >= MAX_GRAPHS):
             self._seen.add(shape)
             return self.codec.decode(codes_host.to(self.device, non_blocking=True),
                                      lengths_host.to(self.device, non_blocking=True))

@@ -262,6 +262,38 @@ def test_codec_graphs_replay_what_the_eager_call_computes():
     assert eager_calls == [(4, q, 64), (4, q, 64), (2, q, 128), (2, q, 128)], eager_calls
 
 
+def test_codec_graphs_capture_at_most_max_graphs_shapes():
+    """Past MAX_GRAPHS captured shapes (each keeps its output allocated), a new shape's calls
+    all run eagerly, and still give the eager decode's audio."""
+    import numpy as np
+    import torch
+
+    from runners.codec_graphs import MAX_GRAPHS, CodecGraphs
+    from runners.higgs_audio_v2.codec import HiggsCodecDecoder
+
+    dev = torch.device("cuda")
+    codec = HiggsCodecDecoder.load(TINY / "codec", torch.bfloat16, dev)
+    eager = []
+
+    class Counted:
+        def decode(self, codes, lengths):
+            eager.append(codes.shape[-1])
+            return codec.decode(codes, lengths)
+
+    graphs = CodecGraphs(Counted(), dev)
+    rng = np.random.default_rng(1)
+    with torch.cuda.stream(torch.cuda.Stream()), torch.inference_mode():
+        for k in range(1, MAX_GRAPHS + 2):
+            for _ in range(3):
+                codes = rng.integers(0, 1024, (1, codec.num_quantizers, 8 * k), dtype=np.int64)
+                lengths = np.array([8 * k], dtype=np.int64)
+                want = codec.decode(torch.from_numpy(codes).to(dev), torch.from_numpy(lengths).to(dev)).cpu()
+                got = graphs(torch.from_numpy(codes).pin_memory(), torch.from_numpy(lengths).pin_memory()).cpu()
+                assert torch.equal(got, want), k
+    # an eager call and a capture for each of the first MAX_GRAPHS shapes; the last one's three calls eager
+    assert eager == [8 * k for k in range(1, MAX_GRAPHS + 1) for _ in range(2)] + [8 * (MAX_GRAPHS + 1)] * 3
+
+
 def test_default_mode_batches_the_codec_within_bf16_rounding(tmp_path):
     """Rows that finish together share a padded, masked codec call on CUDA: each row's audio
     stays within bf16's own rounding (our bf16 decode against float32) of the row decoded alone."""

@@ -222,6 +222,34 @@ def test_small_prefills_replay_graphs_within_bf16_rounding_of_eager():
     assert sorted(engines[1].prefill_graphs._entries) == [(1, 64), (4, 64)]
 
 
+def _counted_codec_graphs():
+    """The tiny codec (bf16, CUDA), CodecGraphs over it, the shapes of the codec's decode calls
+    it makes (eager runs and captures), and a check: one call's audio against the eager decode."""
+    import torch
+
+    from runners.codec_graphs import CodecGraphs
+    from runners.higgs_audio_v2.codec import HiggsCodecDecoder
+
+    dev = torch.device("cuda")
+    codec = HiggsCodecDecoder.load(TINY / "codec", torch.bfloat16, dev)
+    calls = []
+
+    class Counted:
+        def decode(self, codes, lengths):
+            calls.append(tuple(codes.shape))
+            return codec.decode(codes, lengths)
+
+    graphs = CodecGraphs(Counted(), dev)
+
+    def check(codes, lengths) -> None:  # numpy int64 [B, Q, T] and [B]
+        with torch.inference_mode():
+            want = codec.decode(torch.from_numpy(codes).to(dev), torch.from_numpy(lengths).to(dev)).cpu()
+            got = graphs(torch.from_numpy(codes).pin_memory(), torch.from_numpy(lengths).pin_memory()).cpu()
+        assert torch.equal(got, want), (codes.shape, float((got - want).abs().max()))
+
+    return codec.num_quantizers, calls, check
+
+
 def test_codec_graphs_replay_what_the_eager_call_computes():
     """Batched codec calls through CodecGraphs (the tiny codec, bf16, masked rows): a shape's
     first call runs eagerly, its second captures and replays, later ones replay; every call's
@@ -230,36 +258,14 @@ def test_codec_graphs_replay_what_the_eager_call_computes():
     import numpy as np
     import torch
 
-    from runners.codec_graphs import CodecGraphs
-    from runners.higgs_audio_v2.codec import HiggsCodecDecoder
-
-    dev = torch.device("cuda")
-    codec = HiggsCodecDecoder.load(TINY / "codec", torch.bfloat16, dev)
-    eager_calls = []
-
-    class Counted:  # the codec, its decode calls recorded (eager runs and captures)
-        def decode(self, codes, lengths):
-            eager_calls.append(tuple(codes.shape))
-            return codec.decode(codes, lengths)
-
-    graphs = CodecGraphs(Counted(), dev)
+    q, calls, check = _counted_codec_graphs()
     rng = np.random.default_rng(0)
-
-    def call(rows: int, frames: int):
-        codes = rng.integers(0, 1024, (rows, codec.num_quantizers, frames), dtype=np.int64)
-        lengths = rng.integers(1, frames + 1, rows).astype(np.int64)
-        with torch.inference_mode():
-            want = codec.decode(torch.from_numpy(codes).to(dev), torch.from_numpy(lengths).to(dev)).cpu()
-            got = graphs(torch.from_numpy(codes).pin_memory(), torch.from_numpy(lengths).pin_memory()).cpu()
-        assert torch.equal(got, want), (rows, frames, float((got - want).abs().max()))
-
-    shapes = [(4, 64), (4, 64), (2, 128), (4, 64), (2, 128), (2, 128), (4, 64)]
     with torch.cuda.stream(torch.cuda.Stream()):  # as on the codec thread: not the default stream
-        for rows, frames in shapes:
-            call(rows, frames)
+        for rows, frames in [(4, 64), (4, 64), (2, 128), (4, 64), (2, 128), (2, 128), (4, 64)]:
+            check(rng.integers(0, 1024, (rows, q, frames), dtype=np.int64),
+                  rng.integers(1, frames + 1, rows).astype(np.int64))
     # one eager call and one capture for each shape; the rest replayed
-    q = codec.num_quantizers
-    assert eager_calls == [(4, q, 64), (4, q, 64), (2, q, 128), (2, q, 128)], eager_calls
+    assert calls == [(4, q, 64), (4, q, 64), (2, q, 128), (2, q, 128)], calls
 
 
 def test_codec_graphs_capture_at_most_max_graphs_shapes():
@@ -268,30 +274,17 @@ def test_codec_graphs_capture_at_most_max_graphs_shapes():
     import numpy as np
     import torch
 
-    from runners.codec_graphs import MAX_GRAPHS, CodecGraphs
-    from runners.higgs_audio_v2.codec import HiggsCodecDecoder
+    from runners.codec_graphs import MAX_GRAPHS
 
-    dev = torch.device("cuda")
-    codec = HiggsCodecDecoder.load(TINY / "codec", torch.bfloat16, dev)
-    eager = []
-
-    class Counted:
-        def decode(self, codes, lengths):
-            eager.append(codes.shape[-1])
-            return codec.decode(codes, lengths)
-
-    graphs = CodecGraphs(Counted(), dev)
+    q, calls, check = _counted_codec_graphs()
     rng = np.random.default_rng(1)
-    with torch.cuda.stream(torch.cuda.Stream()), torch.inference_mode():
+    with torch.cuda.stream(torch.cuda.Stream()):
         for k in range(1, MAX_GRAPHS + 2):
             for _ in range(3):
-                codes = rng.integers(0, 1024, (1, codec.num_quantizers, 8 * k), dtype=np.int64)
-                lengths = np.array([8 * k], dtype=np.int64)
-                want = codec.decode(torch.from_numpy(codes).to(dev), torch.from_numpy(lengths).to(dev)).cpu()
-                got = graphs(torch.from_numpy(codes).pin_memory(), torch.from_numpy(lengths).pin_memory()).cpu()
-                assert torch.equal(got, want), k
+                check(rng.integers(0, 1024, (1, q, 8 * k), dtype=np.int64), np.array([8 * k], dtype=np.int64))
     # an eager call and a capture for each of the first MAX_GRAPHS shapes; the last one's three calls eager
-    assert eager == [8 * k for k in range(1, MAX_GRAPHS + 1) for _ in range(2)] + [8 * (MAX_GRAPHS + 1)] * 3
+    assert [shape[-1] for shape in calls] == ([8 * k for k in range(1, MAX_GRAPHS + 1) for _ in range(2)]
+                                              + [8 * (MAX_GRAPHS + 1)] * 3)
 
 
 def test_default_mode_batches_the_codec_within_bf16_rounding(tmp_path):

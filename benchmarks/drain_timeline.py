@@ -25,7 +25,6 @@ import argparse
 import json
 import shutil
 import sys
-import tempfile
 import threading
 import time
 from collections import defaultdict
@@ -36,19 +35,15 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks.e2e_generate import write_checkpoint, write_inputs  # noqa: E402
-from benchmarks.timing import write_results  # noqa: E402
+from benchmarks.timing import DEVICE_CATS, trace_events, write_results  # noqa: E402
 
-DEVICE_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
 CODEC_MARK = "_unit_kernel"  # a kernel only the codec runs: its stream is the codec's
 
 
 def _trace(prof) -> list[dict]:
     """The trace's device ops by start, each with the op that launched it and its input shapes
     ("op") where the trace has CPU ops (the alone run)."""
-    with tempfile.TemporaryDirectory() as tmp:
-        path = Path(tmp) / "trace.json"
-        prof.export_chrome_trace(str(path))
-        events = json.loads(path.read_text())["traceEvents"]
+    events = trace_events(prof)
     cpu = {e["args"]["External id"]: f"{e['name']} {e['args'].get('Input Dims', '')}" for e in events
            if e.get("cat") == "cpu_op" and "External id" in e.get("args", {})}
     ops = sorted((e for e in events if e.get("cat") in DEVICE_CATS), key=lambda e: e["ts"])

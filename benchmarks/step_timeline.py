@@ -17,9 +17,7 @@ Prints a table and writes JSON.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
-import tempfile
 from collections import defaultdict
 from pathlib import Path
 
@@ -28,13 +26,9 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from omni_cli.bench import random_model, run_requests  # noqa: E402
-from benchmarks.timing import write_results  # noqa: E402
+from benchmarks.timing import DEVICE_CATS, trace_events, write_results  # noqa: E402
 
-DEVICE_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
-
-
-def _analyse(trace: dict, top: int) -> dict:
-    events = trace["traceEvents"]
+def _analyse(events: list[dict], top: int) -> dict:
     graph_corr = {e["args"]["correlation"] for e in events
                   if e.get("cat") == "cuda_runtime" and e.get("name", "").startswith("cudaGraphLaunch")}
     ops = sorted((e for e in events if e.get("cat") in DEVICE_CATS), key=lambda e: e["ts"])
@@ -85,10 +79,7 @@ def main() -> None:
         with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU,
                                                 torch.profiler.ProfilerActivity.CUDA]) as prof:
             res = run_requests(model, codec, b, b, args.frames, 64, max_seq, True, device)
-        with tempfile.TemporaryDirectory() as tmp:
-            path = Path(tmp) / "trace.json"
-            prof.export_chrome_trace(str(path))
-            info = _analyse(json.loads(path.read_text()), args.top)
+        info = _analyse(trace_events(prof), args.top)
         info.update(batch=b, loop_ms_per_step=res.ms_per_step)
         results.append(info)
         torch.cuda.empty_cache()

@@ -103,12 +103,10 @@ class FusedHead:
         return out
 
 
-def head_fits(channels: int) -> bool:
-    return channels <= MAX_CHANNELS and channels & (channels - 1) == 0
-
-
-def fits(channels: int) -> bool:
-    return MIN_CHANNELS <= channels <= MAX_CHANNELS and channels & (channels - 1) == 0
+def fits(channels: int, least: int = MIN_CHANNELS) -> bool:
+    """Whether a kernel takes this width: a power of two within [least, MAX_CHANNELS] (the last
+    convolution's kernel, which has no dots, takes any from 1)."""
+    return least <= channels <= MAX_CHANNELS and channels & (channels - 1) == 0
 
 
 class FusedUnit:

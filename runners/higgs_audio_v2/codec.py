@@ -133,7 +133,7 @@ def use_fused_kernels(dec: _AcousticDecoder) -> None:
     float32 the units and the last convolution stay cuDNN's (TF32), which the kernels'
     full-precision float32 arithmetic would not match in speed or rounding; elsewhere only
     Triton's interpreter runs this (tests), in any dtype."""
-    from runners.fused_codec import FusedHead, FusedUnit, fits, head_fits
+    from runners.fused_codec import FusedHead, FusedUnit, fits
 
     p = next(dec.parameters())
     units = p.device.type != "cuda" or p.dtype in (torch.bfloat16, torch.float16)
@@ -143,7 +143,7 @@ def use_fused_kernels(dec: _AcousticDecoder) -> None:
         elif isinstance(m, _ResidualUnit) and units and fits(m.conv1.in_channels):
             m.__class__ = _FusedResidualUnit
             m.kernel = FusedUnit(m)
-    if units and head_fits(dec.conv2.in_channels):
+    if units and fits(dec.conv2.in_channels, least=1):
         dec.conv2.__class__ = _FusedHeadConv
         dec.conv2.kernel = FusedHead(dec.conv2)
 

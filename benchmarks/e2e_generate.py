@@ -47,6 +47,9 @@ from runners.higgs_audio_v2.shapes import codec_config, shape_config, transforme
 from benchmarks.timing import write_results  # noqa: E402
 
 TINY = REPO / "configs" / "tiny-higgs-audio-v2"
+# --prompt-tokens rows' system prompt: the tokenizer here is the tiny checkpoint's, one token a
+# byte, so the default system prompt alone makes 73 tokens (the released tokenizer's ~25)
+SHORT_SYSTEM = "Speak."
 
 
 def write_checkpoint(root: Path) -> None:
@@ -67,16 +70,34 @@ def write_checkpoint(root: Path) -> None:
     torch.cuda.empty_cache()
 
 
-def write_inputs(root: Path, rows: int, frames: int, vary: int = 0) -> tuple[Path, Path]:
-    """The run's model config and prompt file (rows of one sentence each) in root."""
+def _sized_row(builder, i: int, tokens: int) -> dict:
+    """Row i's text and system prompt, making a prompt of exactly `tokens` tokens (template
+    included) under the checkpoint's tokenizer."""
+    filler = f"Row {i}: a sentence to speak aloud, and then a few more words to say."
+    for n in range(1, len(filler) + 1):  # a byte pair may merge: the count can skip one, so two endings
+        for text in (filler[:n], filler[:n] + "!"):
+            if len(builder.build(text, SHORT_SYSTEM, None)) == tokens:
+                return {"id": f"r{i}", "system": SHORT_SYSTEM, "text": text}
+    raise SystemExit(f"--prompt-tokens {tokens}: no prefix of {filler!r} makes a prompt of that many tokens")
+
+
+def write_inputs(root: Path, rows: int, frames: int, vary: int = 0, prompt_tokens: int = 0) -> tuple[Path, Path]:
+    """The run's model config and prompt file (rows of one sentence each, or with prompt_tokens
+    a short system prompt and a text that make prompts of that many tokens) in root."""
     cfg = root / "model.yaml"
     cfg.write_text(f"family: higgs_audio_v2\ncheckpoint: {root / 'model'}\ncodec: {root / 'codec'}\n"
                    "dtype: bfloat16\ndevice: auto\nmax_seq_len: 512\n")
-    prompts = root / f"prompts-{rows}-{vary}.jsonl"
+    prompts = root / f"prompts-{rows}-{vary}-{prompt_tokens}.jsonl"
     rng = random.Random(rows)
+    builder = None
+    if prompt_tokens:
+        from runners.higgs_audio_v2.prompt import PromptBuilder
+
+        builder = PromptBuilder(TINY / "model", HiggsConfig.from_file(TINY / "model" / "config.json").audio_bos_token_id)
     lines = []
     for i in range(rows):
-        row = {"id": f"r{i}", "text": f"Row number {i}: a sentence to speak aloud."}
+        row = _sized_row(builder, i, prompt_tokens) if builder else {
+            "id": f"r{i}", "text": f"Row number {i}: a sentence to speak aloud."}
         if vary:  # this row's own length: rows finish at different steps, with different codec shapes
             row["max_new_frames"] = row["min_new_frames"] = rng.randint(frames - vary, frames + vary)
         lines.append(json.dumps(row) + "\n")
@@ -84,9 +105,10 @@ def write_inputs(root: Path, rows: int, frames: int, vary: int = 0) -> tuple[Pat
     return cfg, prompts
 
 
-def run(root: Path, rows: int, batch: int, frames: int, async_decode: bool, vary: int = 0) -> dict:
-    cfg, prompts = write_inputs(root, rows, frames, vary)
-    out = root / f"out-{rows}-{batch}-{int(async_decode)}-{vary}"
+def run(root: Path, rows: int, batch: int, frames: int, async_decode: bool, vary: int = 0,
+        prompt_tokens: int = 0) -> dict:
+    cfg, prompts = write_inputs(root, rows, frames, vary, prompt_tokens)
+    out = root / f"out-{rows}-{batch}-{int(async_decode)}-{vary}-{prompt_tokens}"
     cmd = [sys.executable, "-m", "omni_cli", "generate", str(prompts), "-o", str(out), "--model", str(cfg), "-q",
            "--max-batch-size", str(batch), "--max-new-frames", str(frames), "--min-new-frames", str(frames),
            "--seed", "1", "--async-decode" if async_decode else "--no-async-decode"]
@@ -104,11 +126,12 @@ def run(root: Path, rows: int, batch: int, frames: int, async_decode: bool, vary
     info = json.loads((out / "run.json").read_text())
     audio, gen = info["totals"]["audio_s"], info["timings"]["generate_s"]
     return {"rows": rows, "max_batch_size": batch, "async_decode": async_decode, "frames": frames, "vary": vary,
+            "prompt_tokens": prompt_tokens or None,
             "first_wav_s": first, "wall_s": wall, "load_s": info["timings"]["load_s"],
             "warmup_s": info["timings"]["warmup_s"], "load_phases": info["timings"]["load_phases"], "generate_s": gen,
             "audio_s": audio, "audio_s_per_s_generate": audio / gen, "audio_s_per_s_wall": audio / wall,
-            **{k: info["timings"][k] for k in ("loop_s", "prefill_s", "prefill_steps", "write_tail_s", "codec_calls",
-                                                "codec_s", "codec_max_call_s")},
+            **{k: info["timings"][k] for k in ("loop_s", "prefill_s", "prefill_steps", "write_tail_s", "tail_codec_s",
+                                                "write_busy_s", "codec_calls", "codec_s", "codec_max_call_s")},
             "step_ms": info["timings"]["step_ms"], "kv_budget": info["kv_budget"],
             "query_hits": info["async_decode"]["query_hits"], "query_misses": info["async_decode"]["query_misses"]}
 
@@ -119,6 +142,9 @@ def main() -> None:
     ap.add_argument("--frames", type=int, default=200)
     ap.add_argument("--vary", type=int, default=0,
                     help="each row makes frames +- up to this many (uniform, seeded), not exactly frames")
+    ap.add_argument("--prompt-tokens", type=int, default=0,
+                    help="rows whose prompts are exactly this many tokens (omni bench's workload: 64), with a "
+                         "short system prompt; default: one sentence a row under the default system prompt")
     ap.add_argument("--out", type=Path, default=Path("e2e_generate.json"))
     ap.add_argument("--root", type=Path, default=None,
                     help="keep the checkpoint (and outputs) in this folder, and reuse a checkpoint already there: "
@@ -139,15 +165,16 @@ def main() -> None:
             # so a run's own file writes do not queue behind it
             os.sync()
             batch, rows = (int(x) for x in spec.split(":"))
-            results.append(run(root, rows, batch, args.frames, True, args.vary))
+            results.append(run(root, rows, batch, args.frames, True, args.vary, args.prompt_tokens))
     print(f"{'batch':>5} {'rows':>5} {'first wav s':>12} {'wall s':>7} {'load s':>7} {'warm s':>7} {'audio s':>8} "
           f"{'aud-s/s gen':>12} {'aud-s/s wall':>13} {'loop s':>7} {'prefill s':>9} {'prefills':>8} {'tail s':>7} "
-          f"{'codec s':>8} {'calls':>6} {'longest':>8}")
+          f"{'codec s':>8} {'calls':>6} {'longest':>8} {'tail codec':>10} {'writers':>8}")
     for r in results:
         print(f"{r['max_batch_size']:>5} {r['rows']:>5} {r['first_wav_s'] or float('nan'):>12.1f} {r['wall_s']:>7.1f} "
               f"{r['load_s']:>7.1f} {r['warmup_s']:>7.1f} {r['audio_s']:>8.1f} {r['audio_s_per_s_generate']:>12.1f} "
               f"{r['audio_s_per_s_wall']:>13.1f} {r['loop_s']:>7.2f} {r['prefill_s']:>9.2f} {r['prefill_steps']:>8} {r['write_tail_s']:>7.2f} "
-              f"{r['codec_s']:>8.2f} {r['codec_calls']:>6} {r['codec_max_call_s']:>8.2f}")
+              f"{r['codec_s']:>8.2f} {r['codec_calls']:>6} {r['codec_max_call_s']:>8.2f} "
+              f"{r['tail_codec_s'] if r['tail_codec_s'] is not None else float('nan'):>10.2f} {r['write_busy_s']:>8.2f}")
     write_results(args.out, runs=results)
 
 

@@ -194,6 +194,7 @@ def run_generate(opts: GenerateOptions) -> RunSummary:
             if isinstance(wave, Exception):
                 fail(row.row, req.rid, row.text, f"row {row.row}: decoding its audio failed: {wave}")
                 return
+            t_write = time.perf_counter()
             try:
                 record = _write_request(writer, runner, row, req, by_system[req.rid], tokens, wave)
             except (OSError, ValueError) as e:  # a full disk: this row only
@@ -201,6 +202,7 @@ def run_generate(opts: GenerateOptions) -> RunSummary:
                 return
             with counts_lock:
                 ok += 1
+                write_busy.append(time.perf_counter() - t_write)
             progress.row_done(record["duration_s"], ok=True)
 
         def decode_and_write(after_loop: bool = False) -> None:  # on the codec thread: every row finished so far
@@ -214,11 +216,14 @@ def run_generate(opts: GenerateOptions) -> RunSummary:
             t_call = time.perf_counter()
             for i, wave in decode_rows(runner, tokens, batch_codec, drain):  # writes start as each codec call ends
                 pending.append(writers.submit(write, reqs[i], tokens[i], wave))
-            codec_calls.append(time.perf_counter() - t_call)
+            codec_done[0] = time.perf_counter()
+            codec_calls.append(codec_done[0] - t_call)
 
         writers = ThreadPoolExecutor(max_workers=WRITER_THREADS, thread_name_prefix="omni-writer")
         pending = []  # futures, appended by this thread and the codec thread
         codec_calls: list[float] = []  # seconds per decode_and_write call that decoded rows
+        codec_done = [0.0]  # when the last of them returned (perf_counter)
+        write_busy: list[float] = []  # seconds per row written, on the writer threads
         # Rows wait here until the codec thread takes them all at once: when it
         # falls behind, its calls get bigger instead of its queue longer. A call
         # waits for as many rows as one batched codec call holds (or the last
@@ -285,6 +290,10 @@ def run_generate(opts: GenerateOptions) -> RunSummary:
                     "prefill_s": round(sum(stats.prefill_ms) / 1e3, 3) if stats else None,
                     "prefill_steps": len(stats.prefill_ms) if stats else None,
                     "write_tail_s": round(t_written - t_decoded, 3),
+                    # of that tail: until the codec thread's last call returned (its files submitted;
+                    # <= 0 when it returned during the loop), and the writers' busy seconds over the run
+                    "tail_codec_s": round(codec_done[0] - t_decoded, 3) if codec_calls else None,
+                    "write_busy_s": round(sum(write_busy), 3),
                     # the codec thread: its calls (each every row finished so far), their sum and the longest
                     "codec_calls": len(codec_calls), "codec_s": round(sum(codec_calls), 3),
                     "codec_max_call_s": round(max(codec_calls, default=0.0), 3),

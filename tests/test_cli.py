@@ -71,6 +71,7 @@ def test_flac_and_stdin(tmp_path):
     t = run["timings"]
     assert 0 <= t["prefill_s"] <= t["loop_s"] and t["write_tail_s"] >= 0 and t["prefill_steps"] == 1
     assert t["loop_s"] + t["write_tail_s"] <= t["generate_s"] + 0.0015  # each rounded to the millisecond
+    assert t["tail_codec_s"] <= t["write_tail_s"] + 0.001 and 0 < t["write_busy_s"] <= t["generate_s"]
     assert set(t["load_phases"]) >= {"imports_s", "weights_s", "codec_s", "tokenizer_s"}
     assert sum(t["load_phases"].values()) <= t["load_s"] + 0.001 * len(t["load_phases"])
     z = np.load(out / "logprobs/s1.npz")

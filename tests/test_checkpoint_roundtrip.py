@@ -161,6 +161,31 @@ def test_codec_roundtrip(tmp_path, weight_norm):
     torch.testing.assert_close(got, want, atol=1e-6, rtol=1e-5)
 
 
+def test_folded_dilated_convolutions_decode_like_the_reference(tmp_path):
+    """Every unit's dilated convolution as conv2d over the [L/d, d] view (codec.py:
+    _FoldedConv1d, what CUDA runs for some in 16-bit), at lengths no multiple of the dilation:
+    the decode equals HiggsAudioV2TokenizerModel.decode's (float32)."""
+    from runners.higgs_audio_v2.codec import _FoldedConv1d, _ResidualUnit
+
+    torch.manual_seed(7)
+    cfg = tiny_codec_config()
+    cfg.acoustic_model_config.decoder_hidden_size = 64
+    ref = HiggsAudioV2TokenizerModel(cfg).eval()
+    with torch.no_grad():
+        for q in ref.quantizer.quantizers:
+            q.codebook.embed.normal_()
+    ref.save_pretrained(tmp_path)
+    ours = HiggsCodecDecoder.load(tmp_path, torch.float32, torch.device("cpu"))
+    dilated = [m.conv1 for m in ours.modules() if isinstance(m, _ResidualUnit) and m.conv1.dilation[0] > 1]
+    for conv in dilated:
+        conv.__class__ = _FoldedConv1d
+    codes = torch.randint(0, 1024, (2, 8, 13))  # 13 frames: 104 samples at the first units' rate, not 3k or 9k
+    with torch.no_grad():
+        want = ref.decode(codes).audio_values[:, 0]
+    assert len(dilated) == 2 * len(ours.acoustic_decoder.block) and sorted({c.dilation[0] for c in dilated}) == [3, 9]
+    torch.testing.assert_close(ours.decode(codes), want, atol=1e-6, rtol=1e-5)
+
+
 def test_codec_config_without_decoder_keys_takes_the_references_defaults(tmp_path):
     """A codec config that leaves the acoustic decoder's sizes out builds what
     HiggsAudioV2TokenizerConfig builds from it (its own defaults, not DacConfig's)."""

@@ -119,6 +119,32 @@ class _FusedResidualUnit(_ResidualUnit):
         return self.kernel(self.snake1(x), x)
 
 
+# (channels, dilation) of the residual units whose dilated convolution runs folded on CUDA in
+# 16-bit: for the released decoder's 512-channel units at dilation 9 cuDNN's heuristics take
+# its generic implicit_convolve_sgemm, 3.3-6.5 ms a call at 16-64 rows x 192-256 frames against
+# 0.33-1.3 ms folded; at dilation 3, and at 256 channels, the fold was slower at some of those
+# shapes (benchmarks/dilated_conv_probe.py, BENCHMARKS.md)
+FOLDED_CONVS = {(512, 9)}
+
+
+class _FoldedConv1d(nn.Conv1d):
+    """A wide residual unit's dilated convolution (k7, dilation d > 1, length kept) as an
+    undilated one over the signal's [L/d, d] view: position p = d i + j and its taps d apart
+    are rows i + k of column j, so a conv2d with a (7, 1) kernel on that view makes the same
+    products (the length padded with zeros to a multiple of d, as the convolution's own zero
+    padding would read them). On CUDA only the convolutions of FOLDED_CONVS run so."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # x [B, C, L] -> [B, C out, L]
+        d = self.dilation[0]
+        n, c, length = x.shape
+        pad = -length % d
+        if pad:
+            x = F.pad(x, (0, pad))
+        y = F.conv2d(x.reshape(n, c, -1, d), self.weight.unsqueeze(-1), self.bias, padding=(self.padding[0] // d, 0))
+        y = y.view(n, self.out_channels, length + pad)
+        return y[..., :length] if pad else y
+
+
 class _FusedHeadConv(nn.Conv1d):
     """The decoder's last convolution (to one channel) as one Triton kernel
     (runners/fused_codec.py); `kernel` holds its weights."""
@@ -129,7 +155,8 @@ class _FusedHeadConv(nn.Conv1d):
 
 def use_fused_kernels(dec: _AcousticDecoder) -> None:
     """Swap the acoustic decoder's Snakes, its residual units of 32-128 channels and its last
-    convolution for their Triton kernels, in the modules' final device and dtype. On CUDA in
+    convolution for their Triton kernels, and the dilated convolutions of FOLDED_CONVS for their
+    folded form (_FoldedConv1d), in the modules' final device and dtype. On CUDA in
     float32 the units and the last convolution stay cuDNN's (TF32), which the kernels'
     full-precision float32 arithmetic would not match in speed or rounding; elsewhere only
     Triton's interpreter runs this (tests), in any dtype."""
@@ -143,6 +170,8 @@ def use_fused_kernels(dec: _AcousticDecoder) -> None:
         elif isinstance(m, _ResidualUnit) and units and fits(m.conv1.in_channels):
             m.__class__ = _FusedResidualUnit
             m.kernel = FusedUnit(m)
+        elif isinstance(m, _ResidualUnit) and units and (m.conv1.in_channels, m.conv1.dilation[0]) in FOLDED_CONVS:
+            m.conv1.__class__ = _FoldedConv1d
     if units and fits(dec.conv2.in_channels, least=1):
         dec.conv2.__class__ = _FusedHeadConv
         dec.conv2.kernel = FusedHead(dec.conv2)

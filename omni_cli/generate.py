@@ -206,6 +206,7 @@ def run_generate(opts: GenerateOptions) -> RunSummary:
             progress.row_done(record["duration_s"], ok=True)
 
         def decode_and_write(after_loop: bool = False) -> None:  # on the codec thread: every row finished so far
+            nonlocal codec_done
             with backlog_lock:
                 reqs = backlog[:]
                 backlog.clear()
@@ -216,13 +217,13 @@ def run_generate(opts: GenerateOptions) -> RunSummary:
             t_call = time.perf_counter()
             for i, wave in decode_rows(runner, tokens, batch_codec, drain):  # writes start as each codec call ends
                 pending.append(writers.submit(write, reqs[i], tokens[i], wave))
-            codec_done[0] = time.perf_counter()
-            codec_calls.append(codec_done[0] - t_call)
+            codec_done = time.perf_counter()
+            codec_calls.append(codec_done - t_call)
 
         writers = ThreadPoolExecutor(max_workers=WRITER_THREADS, thread_name_prefix="omni-writer")
         pending = []  # futures, appended by this thread and the codec thread
         codec_calls: list[float] = []  # seconds per decode_and_write call that decoded rows
-        codec_done = [0.0]  # when the last of them returned (perf_counter)
+        codec_done = 0.0  # when the last of them returned (perf_counter)
         write_busy: list[float] = []  # seconds per row written, on the writer threads
         # Rows wait here until the codec thread takes them all at once: when it
         # falls behind, its calls get bigger instead of its queue longer. A call
@@ -292,7 +293,7 @@ def run_generate(opts: GenerateOptions) -> RunSummary:
                     "write_tail_s": round(t_written - t_decoded, 3),
                     # of that tail: until the codec thread's last call returned (its files submitted;
                     # <= 0 when it returned during the loop), and the writers' busy seconds over the run
-                    "tail_codec_s": round(codec_done[0] - t_decoded, 3) if codec_calls else None,
+                    "tail_codec_s": round(codec_done - t_decoded, 3) if codec_calls else None,
                     "write_busy_s": round(sum(write_busy), 3),
                     # the codec thread: its calls (each every row finished so far), their sum and the longest
                     "codec_calls": len(codec_calls), "codec_s": round(sum(codec_calls), 3),

@@ -87,7 +87,12 @@ def _snake_matches() -> bool:
         ref.alpha.copy_(torch.rand(1, 5, 1, generator=g) * 2 + 0.1)
     x = torch.randn(2, 5, 1500, generator=g) * 3  # T not a multiple of the block
     want = ref(x).detach()
-    err = (snake(x, ref.alpha.detach()) - want).abs().max().item()
+    got = snake(x, ref.alpha.detach())
+    err = (got - want).abs().max().item()
+    if err >= 1e-5:  # seen twice on the CI machine's kind (3.45e-4) and not reproduced since: say where
+        b, c, t = (int(i) for i in torch.unravel_index((got - want).abs().argmax(), got.shape))
+        print(f"snake off at row {b} channel {c} position {t}: x {x[b, c, t].item()!r} alpha "
+              f"{ref.alpha[0, c, 0].item()!r} got {got[b, c, t].item()!r} want {want[b, c, t].item()!r}")
     # masked (the codec's padded batches): zero from lengths[b] * rate on, even over inf
     lengths, rate = torch.tensor([100, 37]), 8
     x[1, :, 37 * rate:] = float("inf")

@@ -47,8 +47,8 @@ from runners.higgs_audio_v2.shapes import codec_config, shape_config, transforme
 from benchmarks.timing import write_results  # noqa: E402
 
 TINY = REPO / "configs" / "tiny-higgs-audio-v2"
-# --prompt-tokens rows' system prompt: the tokenizer here is the tiny checkpoint's, one token a
-# byte, so the default system prompt alone makes 73 tokens (the released tokenizer's ~25)
+# --prompt-tokens rows' system prompt: the tokenizer here is the tiny checkpoint's, about one
+# token a byte, so the template with the default system prompt makes 72 tokens before any text
 SHORT_SYSTEM = "Speak."
 
 

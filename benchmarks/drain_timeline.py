@@ -10,9 +10,10 @@ CUDA tracing, then, in the same process, the same calls alone: the
 drain's codec calls (masked, ROWS x 192 frames, bf16) on a thread and stream
 of their own, each copied to pinned host memory. For each: from the last
 decode-step kernel (in situ) or the first codec kernel (alone) to the last
-codec kernel, the span, the codec stream's busy time, its idle gaps, the
-host copies, and the kernels by name (GPU ms in all), alone also with the op
-that launched each and its input shapes. --cudnn-benchmark turns on cuDNN's
+codec kernel, the span, the codec stream's busy time, its idle gaps (the
+longest with the ops around them), the host copies, and the kernels by name
+(GPU ms in all), alone also with the op that launched each and its input
+shapes. --cudnn-benchmark turns on cuDNN's
 benchmark mode for the process (omni generate runs with it off).
 Prints a table and writes JSON.
 
@@ -65,14 +66,18 @@ def _analyse(ops: list[dict], after_lm: bool, top: int) -> dict:
     mine = [e for e in per_stream[codec] if start is None or e["ts"] >= start]
     start = mine[0]["ts"] if start is None else start
     end = max(e["ts"] + e["dur"] for e in mine)
-    busy, cursor, gaps = 0.0, start, []
+    busy, cursor, gaps, where = 0.0, start, [], []
+    last = None  # the op that ended last before each gap
     for e in mine:
         if e["ts"] > cursor:
             gaps.append(e["ts"] - cursor)
+            where.append({"at_ms": (cursor - start) / 1e3, "ms": (e["ts"] - cursor) / 1e3,
+                          "after": last and last["name"][:60], "before": e["name"][:60]})
         s, t = max(e["ts"], cursor), e["ts"] + e["dur"]
         if t > s:
             busy += t - s
             cursor = t
+            last = e
     names: dict[tuple, list[float]] = defaultdict(lambda: [0.0, 0])
     for e in mine:
         names[(e["name"][:90], e["op"])][0] += e["dur"]
@@ -82,7 +87,9 @@ def _analyse(ops: list[dict], after_lm: bool, top: int) -> dict:
     big = [g for g in gaps if g > 500]
     return {"span_ms": (end - start) / 1e3, "busy_ms": busy / 1e3, "ops": len(mine),
             "gaps_over_0_5ms": len(big), "gap_ms_over_0_5ms": sum(big) / 1e3, "gap_ms": sum(gaps) / 1e3,
-            "memcpy_ms": sum(e["dur"] for e in mine if e["cat"] == "gpu_memcpy") / 1e3, "kernels": kernels[:top]}
+            "memcpy_ms": sum(e["dur"] for e in mine if e["cat"] == "gpu_memcpy") / 1e3, "kernels": kernels[:top],
+            # the longest idle gaps: when (ms from the start), how long, between which ops
+            "longest_gaps": sorted(where, key=lambda g: -g["ms"])[:top]}
 
 
 def _alone(root: Path, rows: int, calls: int) -> tuple[dict, list[dict]]:
@@ -163,6 +170,8 @@ def main() -> None:
         for k in r["kernels"]:
             op = f"\n{'':22}{k['op'][:150]}" if k["op"] else ""  # alone: what launched it, its shapes
             print(f"    {k['ms']:8.2f} ms {k['count']:5d}x  {k['name']}{op}")
+        for g in r["longest_gaps"][:6]:
+            print(f"    gap {g['ms']:7.2f} ms at {g['at_ms']:7.1f} ms, after {g['after']} / before {g['before']}")
     print(json.dumps({k: results["in_situ"][k] for k in ("generate_s", "loop_s", "write_tail_s", "codec_s")}))
     write_results(args.out, rows=args.rows, batch=args.batch, frames=args.frames, drain_rows=args.drain_rows,
                   cudnn_benchmark=args.cudnn_benchmark, **results)

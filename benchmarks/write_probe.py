@@ -2,22 +2,24 @@
 (benchmarks/e2e_generate.py: 7.68 s of 24 kHz audio and 200 frames x 8 codebooks a row).
 
 Three ways, each --rows rows on --threads threads (omni generate runs four) into a new
-folder under --dir (put it on the disk the outputs go to):
-- libsndfile to a path: soundfile writes each wav itself (sf.write to a file name), as
-  omni_cli/output.py did before; libsndfile seeks ~50 times a file and fsyncs it on close;
-- in memory, then one write: the wav encoded by soundfile into memory, written at once
-  (what output.py does now);
-- whole rows: OutputWriter.write_ok as omni generate calls it (that wav, the npz and the
-  manifest row).
-Prints ms per row (wall over rows) and writes JSON.
+folder under --dir (put it on the disk the outputs go to), with omni_cli/output.py's code:
+- whole rows: OutputWriter.write_ok as omni generate calls it (the wav, the npz and the
+  manifest row);
+- encode only: its in-memory half (encode_ok: the 16-bit samples, the wav and npz bytes,
+  the manifest row's fields);
+- files only: its other half from bytes made beforehand (publish: each file written under
+  a partial name and renamed, then the manifest row appended and flushed).
+Whether the halves add up on one thread, and which stops scaling with threads, says
+what serialises the writers: the GIL in the encoding or the folder's file operations.
+Prints ms per row (wall over rows) and writes JSON. (Before 2026-12-02 the script timed
+libsndfile writing to a path against writing in memory: BENCHMARKS.md.)
 
-  python benchmarks/write_probe.py --rows 256 --threads 4 --dir /tmp --out write_probe.json
+  python benchmarks/write_probe.py --rows 256 --threads 1 4 8 --dir /tmp --out write_probe.json
 """
 
 from __future__ import annotations
 
 import argparse
-import io
 import sys
 import tempfile
 import time
@@ -25,12 +27,11 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
-import soundfile as sf
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks.timing import write_results  # noqa: E402
-from omni_cli.output import OutputWriter, pcm16  # noqa: E402
+from omni_cli.output import OutputWriter  # noqa: E402
 
 RATE = 24000
 
@@ -46,7 +47,7 @@ def _timed(rows: int, threads: int, job) -> float:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--rows", type=int, default=256)
-    ap.add_argument("--threads", type=int, nargs="+", default=[1, 4])
+    ap.add_argument("--threads", type=int, nargs="+", default=[1, 4, 8])
     ap.add_argument("--dir", type=Path, default=None)
     ap.add_argument("--out", type=Path, default=Path("write_probe.json"))
     args = ap.parse_args()
@@ -55,36 +56,37 @@ def main() -> None:
     tokens = rng.integers(0, 1024, (200, 8))
     logprobs = rng.standard_normal((200, 8)).astype(np.float32)
     mask = np.ones((200, 8), dtype=bool)
+    meta = [{"row": i, "text": "a prompt row"} for i in range(args.rows)]
     results = []
     for threads in args.threads:
         with tempfile.TemporaryDirectory(dir=args.dir) as tmp:
-            root = Path(tmp)
-            for name in ("path", "memory"):
-                (root / name).mkdir()
-
-            def to_path(i: int) -> None:
-                sf.write(root / "path" / f"{i}.wav", pcm16(audio[i]), RATE, format="WAV", subtype="PCM_16")
-
-            def in_memory(i: int) -> None:
-                encoded = io.BytesIO()
-                sf.write(encoded, pcm16(audio[i]), RATE, format="WAV", subtype="PCM_16")
-                (root / "memory" / f"{i}.wav").write_bytes(encoded.getbuffer())
-
-            writer = OutputWriter(root / "rows", "wav", RATE)
+            whole_writer = OutputWriter(Path(tmp) / "whole", "wav", RATE)
+            files_writer = OutputWriter(Path(tmp) / "files", "wav", RATE)
+            encoded = [whole_writer.encode_ok(f"e{i}", audio[i], tokens, logprobs, mask, meta[i])
+                       for i in range(args.rows)]  # the files-only half's bytes, made before it is timed
 
             def whole(i: int) -> None:
-                writer.write_ok(i, f"r{i}", audio[i], tokens, logprobs, mask, {"row": i, "text": "a prompt row"})
+                whole_writer.write_ok(i, f"r{i}", audio[i], tokens, logprobs, mask, meta[i])
+
+            def encode(i: int) -> None:
+                whole_writer.encode_ok(f"r{i}", audio[i], tokens, logprobs, mask, meta[i])
+
+            def files(i: int) -> None:
+                parts, record = encoded[i]
+                for rel, data in parts:
+                    files_writer.publish(rel, data)
+                files_writer._record(i, record)
 
             row = {"threads": threads, "rows": args.rows}
-            for key, job in (("libsndfile_to_path_ms", to_path), ("in_memory_ms", in_memory), ("write_ok_ms", whole)):
+            for key, job in (("write_ok_ms", whole), ("encode_ms", encode), ("files_ms", files)):
                 row[key] = _timed(args.rows, threads, job)
-            writer.close()
+            whole_writer.close()
+            files_writer.close()
             results.append(row)
-    print(f"{'threads':>7} {'rows':>5} {'libsndfile to a path':>21} {'in memory, one write':>21} {'whole rows':>11}"
-          "   (ms a row)")
+    print(f"{'threads':>7} {'rows':>5} {'whole rows':>11} {'encode only':>12} {'files only':>11}   (ms a row)")
     for r in results:
-        print(f"{r['threads']:>7} {r['rows']:>5} {r['libsndfile_to_path_ms']:>21.2f} {r['in_memory_ms']:>21.2f} "
-              f"{r['write_ok_ms']:>11.2f}")
+        print(f"{r['threads']:>7} {r['rows']:>5} {r['write_ok_ms']:>11.3f} {r['encode_ms']:>12.3f} "
+              f"{r['files_ms']:>11.3f}")
     write_results(args.out, dir=str(args.dir), runs=results)
 
 

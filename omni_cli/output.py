@@ -66,8 +66,16 @@ class OutputWriter:
     def write_ok(self, row: int, rid: str, audio: np.ndarray, tokens: np.ndarray, logprobs: np.ndarray,
                  mask: np.ndarray, meta: dict[str, Any], raw_logprobs: np.ndarray | None = None) -> dict[str, Any]:
         """Write one finished request's files and its manifest row."""
+        files, record = self.encode_ok(rid, audio, tokens, logprobs, mask, meta, raw_logprobs)
+        for rel, data in files:
+            self.publish(rel, data)
+        self._record(meta["row"], record)
+        return record
+
+    def encode_ok(self, rid: str, audio: np.ndarray, tokens: np.ndarray, logprobs: np.ndarray, mask: np.ndarray,
+                  meta: dict[str, Any], raw_logprobs: np.ndarray | None = None):
+        """A finished request's files as bytes, [(path under out, bytes)], and its manifest row."""
         audio_rel = f"audio/{rid}.{self.fmt}"
-        tmp = self.out / f"audio/.{rid}.partial.{self.fmt}"
         # 16-bit PCM: float WAV would carry libsndfile's PEAK chunk, whose
         # timestamp makes files of the same audio differ byte for byte.
         # Encoded in memory, then written at once: to a path, libsndfile seeks
@@ -77,21 +85,17 @@ class OutputWriter:
         # run is fsynced, the npz and manifest included: what was written
         # survives a crash of the process, not necessarily one of the machine.
         if self.fmt == "wav":
-            tmp.write_bytes(wav_pcm16(pcm16(audio), self.sample_rate))
+            audio_bytes = wav_pcm16(pcm16(audio), self.sample_rate)
         else:
             encoded = io.BytesIO()
             sf.write(encoded, pcm16(audio), self.sample_rate, format=self.fmt.upper(), subtype="PCM_16")
-            tmp.write_bytes(encoded.getbuffer())
-        os.replace(tmp, self.out / audio_rel)
+            audio_bytes = encoded.getbuffer()
         npz_rel = f"logprobs/{rid}.npz"
-        tmp = self.out / f"logprobs/.{rid}.partial.npz"
         arrays = {"tokens": tokens.astype(np.int64), "logprobs": logprobs.astype(np.float32), "mask": mask.astype(bool)}
         if raw_logprobs is not None:
             arrays["raw_logprobs"] = raw_logprobs.astype(np.float32)
         encoded = io.BytesIO()  # in memory, then one write: zipfile writes a small npz in ~27 pieces
         np.savez(encoded, **arrays)
-        tmp.write_bytes(encoded.getbuffer())
-        os.replace(tmp, self.out / npz_rel)
         real = logprobs[mask]
         record = {
             "file_name": audio_rel,
@@ -104,8 +108,14 @@ class OutputWriter:
             "min_window_logprob": min_window_logprob(logprobs, mask),
             "logprobs_file": npz_rel,
         }
-        self._record(meta["row"], record)
-        return record
+        return [(audio_rel, audio_bytes), (npz_rel, encoded.getbuffer())], record
+
+    def publish(self, rel: str, data) -> None:
+        """One file under out, whole or not at all: written under a hidden partial name, then renamed."""
+        path = self.out / rel
+        tmp = path.with_name(f".{path.stem}.partial{path.suffix}")
+        tmp.write_bytes(data)
+        os.replace(tmp, path)
 
     def write_failed(self, row: int, rid: str, text: str, error: str, status: str = "failed") -> None:
         # file_name is where the audio would be, so the manifest still loads as an

@@ -11,7 +11,8 @@ the norm run in float32), in one pass each:
                   buffer, k and v straight into the slot KV cache
   silu_mul        silu(gate) * up from a fused gate_up row
   snake           the codec's Snake activation (runners/higgs_audio_v2/codec.py),
-                  optionally zero past each row's length (its padded batches)
+                  optionally zero past each row's length (its padded batches), of
+                  a convolution's output plus its bias and a residual
 In a one-row decode step the kernels among them launch early where the GPU
 can (runners/device.py: pdl_launch): they wait for their predecessor first thing.
 The CPU keeps the PyTorch forward.
@@ -158,27 +159,45 @@ def snake_value(x, a):
 
 
 @triton.jit
-def _snake_kernel(x_ptr, alpha_ptr, out_ptr, lengths_ptr, channels, t, rate, BLOCK: tl.constexpr,
-                  MASKED: tl.constexpr):
+def _snake_kernel(x_ptr, alpha_ptr, out_ptr, lengths_ptr, bias_ptr, res_ptr, pre_ptr, channels, t, rate,
+                  BLOCK: tl.constexpr, MASKED: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
+                  STORE_PRE: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)  # b * channels + c
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     ok = cols < t
     x = tl.load(x_ptr + row * t + cols, mask=ok, other=0.0)
     dt = x.dtype
+    if HAS_BIAS:  # as ATen adds a bias after a cuDNN convolution: in float32, rounded
+        x = (x.to(tl.float32) + tl.load(bias_ptr + row % channels).to(tl.float32)).to(dt)
+    if HAS_RESIDUAL:
+        x = (tl.load(res_ptr + row * t + cols, mask=ok, other=0.0).to(tl.float32) + x.to(tl.float32)).to(dt)
+    if STORE_PRE:
+        tl.store(pre_ptr + row * t + cols, x, mask=ok)
     y = snake_value(x, tl.load(alpha_ptr + row % channels).to(tl.float32))
     if MASKED:  # zero past the row's length (a select, so garbage there, even inf, leaves nothing)
         y = tl.where(cols < tl.load(lengths_ptr + row // channels) * rate, y, 0.0).to(dt)
     tl.store(out_ptr + row * t + cols, y, mask=ok)
 
 
-def snake(x: torch.Tensor, alpha: torch.Tensor, lengths: torch.Tensor | None = None, rate: int = 1) -> torch.Tensor:
+def snake(x: torch.Tensor, alpha: torch.Tensor, lengths: torch.Tensor | None = None, rate: int = 1, *,
+          bias: torch.Tensor | None = None, residual: torch.Tensor | None = None, keep: bool = False):
     """DAC's Snake activation x + sin(alpha x)^2 / (alpha + 1e-9) in one pass (transformers'
     Snake1d runs seven kernels over the whole signal). x [B, C, T]; alpha [1, C, 1].
-    With lengths [B]: the output is zero from position lengths[b] * rate of row b on."""
+    With lengths [B]: the output is zero from position lengths[b] * rate of row b on.
+
+    The Snake's input may be v = residual + (x + bias) instead of x, each sum rounded: a
+    convolution's output without its bias [C] (ATen adds a bias after cuDNN's convolution as
+    one more pass over the signal), and a residual unit's input [B, C, T]. With keep, v is
+    written over x (contiguous: a buffer the caller owns; each position is read before it is
+    written, by the same program), which is then returned with the Snake: (x, Snake(v))."""
     b, c, t = x.shape
+    assert x.is_contiguous() or not keep, "keep writes the sum over x"
     x = x.contiguous()
     out = torch.empty_like(x)
     block = 1024
-    _snake_kernel[(b * c, triton.cdiv(t, block))](x, alpha.contiguous(), out, x if lengths is None else lengths, c, t,
-                                                  rate, BLOCK=block, MASKED=lengths is not None)
-    return out
+    _snake_kernel[(b * c, triton.cdiv(t, block))](
+        x, alpha.contiguous(), out, x if lengths is None else lengths, x if bias is None else bias.contiguous(),
+        x if residual is None else residual.contiguous(), x, c, t, rate, BLOCK=block, MASKED=lengths is not None,
+        HAS_BIAS=bias is not None, HAS_RESIDUAL=residual is not None,
+        STORE_PRE=keep and (bias is not None or residual is not None))
+    return (x, out) if keep else out

@@ -2,8 +2,9 @@
 
 Run as a subprocess by tests/test_decode_attention.py with TRITON_INTERPRET=1.
 The fused Snake activation (runners/fused_ops.py) against transformers'
-Snake1d, and its masked form (zero past each row's length) against Snake1d
-then zeros; the tiny codec with its fused kernels (those Snakes, the
+Snake1d, its masked form (zero past each row's length) against Snake1d
+then zeros, and its form over a convolution's output plus the bias and a
+residual against PyTorch's ops; the tiny codec with its fused kernels (those Snakes, the
 residual-unit kernel and the last convolution's, runners/fused_codec.py)
 against the modules' forward,
 a masked batch and a whole row, in float32; and in float16 a 512-channel
@@ -100,7 +101,31 @@ def _snake_matches() -> bool:
     masked = snake(x, ref.alpha.detach(), lengths, rate)
     err_masked = (masked - torch.where(keep, want, 0.0)).abs().max().item()
     print(f"snake max abs difference {err:.2e}, masked {err_masked:.2e}")
-    return err < 1e-5 and err_masked < 1e-5
+    return err < 1e-5 and err_masked < 1e-5 and _snake_of_a_sum_matches(ref, g)
+
+
+def _snake_of_a_sum_matches(ref, g) -> bool:
+    """The Snake of residual + (x + bias) (a convolution's output without its bias, then a
+    residual unit's add), as _decode_fused runs it: the sum it keeps equal to PyTorch's float16
+    ops bit for bit (each add rounded; float16, as the interpreter's float-to-bf16 cast
+    truncates), and the Snake of it within 1e-5 of Snake1d's in float32."""
+    from runners.fused_ops import snake
+
+    x, residual = torch.randn(2, 5, 1500, generator=g), torch.randn(2, 5, 1500, generator=g)
+    bias = torch.randn(5, generator=g)
+    xb, rb, bb = x.half(), residual.half(), bias.half()
+    want_sum = rb + (xb + bb[:, None])  # ATen's bias add after a convolution, then the unit's add
+    got_sum, _ = snake(xb, ref.alpha.detach(), bias=bb, residual=rb, keep=True)
+    bits = got_sum is xb and torch.equal(xb, want_sum)  # written over its input
+    lengths = torch.tensor([1500, 700])
+    want = torch.where(torch.arange(1500) < lengths[:, None, None], ref(residual + (x + bias[:, None])).detach(), 0.0)
+    _, got = snake(x.clone(), ref.alpha.detach(), lengths, 1, bias=bias, residual=residual, keep=True)
+    err = (got - want).abs().max().item()
+    same, plain = snake(x, ref.alpha.detach(), keep=True)  # nothing to add: x itself comes back
+    err_plain = (plain - ref(x).detach()).abs().max().item()
+    print(f"snake of a sum: the sum in float16 bit for bit {bits}, the Snake {err:.2e} off (masked, float32); "
+          f"nothing added {err_plain:.2e}")
+    return bits and err < 1e-5 and same is x and err_plain < 1e-5
 
 
 if __name__ == "__main__":

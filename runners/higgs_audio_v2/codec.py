@@ -16,8 +16,9 @@ not loaded; voice cloning will need them.
 As in the reference, the DAC decoder's transposed convolutions get
 output_padding = stride % 2 and the final tanh is dropped. On CUDA with
 Triton the Snake activations run as one kernel each (runners/fused_ops.py),
-and in 16-bit the narrow residual units after their first Snake and the last
-convolution too (runners/fused_codec.py).
+which also adds the bias of the convolution before them and the residual of
+a wide unit, and in 16-bit the narrow residual units after their first Snake
+and the last convolution too (runners/fused_codec.py).
 """
 
 from __future__ import annotations
@@ -134,15 +135,30 @@ class _FoldedConv1d(nn.Conv1d):
     products (the length padded with zeros to a multiple of d, as the convolution's own zero
     padding would read them). On CUDA only the convolutions of FOLDED_CONVS run so."""
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:  # x [B, C, L] -> [B, C out, L]
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.folded(x, self.bias)
+
+    def folded(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:  # x [B, C, L] -> [B, C out, L]
         d = self.dilation[0]
         n, c, length = x.shape
         pad = -length % d
         if pad:
             x = F.pad(x, (0, pad))
-        y = F.conv2d(x.reshape(n, c, -1, d), self.weight.unsqueeze(-1), self.bias, padding=(self.padding[0] // d, 0))
+        y = F.conv2d(x.reshape(n, c, -1, d), self.weight.unsqueeze(-1), bias, padding=(self.padding[0] // d, 0))
         y = y.view(n, self.out_channels, length + pad)
         return y[..., :length] if pad else y
+
+
+def _unbiased(conv: nn.Conv1d | nn.ConvTranspose1d, x: torch.Tensor) -> torch.Tensor:
+    """conv(x) without adding its bias (the fused decode adds it in the Snake kernel that
+    reads this output next). ATen adds a bias after cuDNN's convolution, so the convolution
+    itself is the same call either way."""
+    if isinstance(conv, nn.ConvTranspose1d):
+        return F.conv_transpose1d(x, conv.weight, None, conv.stride, conv.padding, conv.output_padding, conv.groups,
+                                  conv.dilation)
+    if isinstance(conv, _FoldedConv1d):
+        return conv.folded(x, None)
+    return F.conv1d(x, conv.weight, None, conv.stride, conv.padding, conv.dilation, conv.groups)
 
 
 class _FusedHeadConv(nn.Conv1d):
@@ -251,23 +267,67 @@ class HiggsCodecDecoder(nn.Module):
         there. That lets rows of different lengths share a call, and a call
         keep one shape across many lengths (cuDNN plans each new shape once,
         at 60-350 ms)."""
-        quantized = 0
-        for q, quantizer in enumerate(self.quantizer.quantizers):
-            quantized = quantized + quantizer.project_out(F.embedding(codes[:, q], quantizer.codebook.embed))
-        latent = self.fc2(quantized).transpose(1, 2)  # [B, acoustic hidden, T]
+        latent = self.latent(codes)
+        if isinstance(self.acoustic_decoder.snake1, _FusedSnake1d):
+            return self._decode_fused(latent, lengths)[:, 0].float()
         if lengths is None:
             return self.acoustic_decoder(latent)[:, 0].float()  # no tanh, as in the reference
         return self._decode_masked(latent, lengths)[:, 0].float()
+
+    def latent(self, codes: torch.Tensor) -> torch.Tensor:
+        """codes [B, Q, T] -> the acoustic decoder's input [B, acoustic hidden, T]: the RVQ's sum, then fc2."""
+        quantized = 0
+        for q, quantizer in enumerate(self.quantizer.quantizers):
+            quantized = quantized + quantizer.project_out(F.embedding(codes[:, q], quantizer.codebook.embed))
+        return self.fc2(quantized).transpose(1, 2)
+
+    def _decode_fused(self, latent: torch.Tensor, lengths: torch.Tensor | None) -> torch.Tensor:
+        """The DAC decoder's forward on its fused kernels (use_fused_kernels), masked as in
+        _decode_masked with lengths, whole without. The convolutions that cuDNN runs skip
+        their bias: the Snake kernel reading their output adds it, and a wide residual
+        unit's add too, each rounded where the modules round, so the values are theirs.
+        ATen's separate bias adds were 21 passes over the signal a call, at ~1.3 TB/s:
+        ~3.3 ms of a 32-row drain call's ~30 (bf16, H200; benchmarks/drain_timeline.py)."""
+        from runners.fused_ops import snake
+
+        dec = self.acoustic_decoder
+        if lengths is not None:
+            keep = torch.arange(latent.shape[-1], device=latent.device)[None, :] < lengths[:, None]
+            latent = latent * keep[:, None, :].to(latent.dtype)
+        # The residual stream as (x, bias, residual): residual + (x + bias), for the next Snake,
+        # which consumes it. x is a convolution's fresh output, so keep may write the sum over
+        # it; peak memory then stays at the modules' (three signals at the 24 kHz end).
+        rate = 1
+        stream = (_unbiased(dec.conv1, latent), dec.conv1.bias, None)
+
+        def act(alpha: torch.Tensor, keep: bool = False):
+            nonlocal stream
+            (x, bias, residual), stream = stream, None  # its signals free once this Snake has read them
+            return snake(x, alpha, lengths, rate, bias=bias, residual=residual, keep=keep)
+
+        def unit_out(unit: _ResidualUnit):  # the stream after a unit; its signals die with this call
+            x, s = act(unit.snake1.alpha, keep=True)
+            if isinstance(unit, _FusedResidualUnit):
+                return unit.kernel(s, x, lengths, rate), None, None  # masks its second Snake itself
+            y = _unbiased(unit.conv1, s)
+            del s  # before the second Snake allocates
+            y = snake(y, unit.snake2.alpha, lengths, rate, bias=unit.conv1.bias)
+            return _unbiased(unit.conv2, y), unit.conv2.bias, x
+
+        for block in dec.block:
+            stream = (_unbiased(block.conv_t1, act(block.snake1.alpha)), block.conv_t1.bias, None)  # T * stride
+            rate *= block.conv_t1.stride[0]
+            for unit in (block.res_unit1, block.res_unit2, block.res_unit3):
+                stream = unit_out(unit)
+        return dec.conv2(act(dec.snake1.alpha))
 
     def _decode_masked(self, latent: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
         """The DAC decoder's forward (_AcousticDecoder) with every convolution's input zero past each row's
         length, as the convolution's own zero padding would be there. Only the
         residual stream holds garbage past a length, and it reaches a
-        convolution only through a Snake, whose output is masked: on CUDA inside
-        the fused Snake kernel (no extra pass over the signal), elsewhere by a
-        multiply."""
+        convolution only through a Snake, whose output is masked: here by a
+        multiply, in _decode_fused inside the Snake kernel (no extra pass over the signal)."""
         dec = self.acoustic_decoder
-        fused = isinstance(dec.snake1, _FusedSnake1d)
         keeps: dict[int, torch.Tensor] = {}  # rate -> [B, 1, T * rate], built once per rate
 
         def valid(h: torch.Tensor, rate: int) -> torch.Tensor:  # h [B, C, L] with L = T * rate
@@ -277,10 +337,6 @@ class HiggsCodecDecoder(nn.Module):
             return h * keeps[rate]
 
         def act(snake: Snake1d, h: torch.Tensor, rate: int) -> torch.Tensor:
-            if fused:
-                from runners.fused_ops import snake as fused_snake
-
-                return fused_snake(h, snake.alpha, lengths, rate)
             return valid(snake(h), rate)
 
         rate = 1
@@ -289,9 +345,5 @@ class HiggsCodecDecoder(nn.Module):
             h = block.conv_t1(act(block.snake1, h, rate))  # ConvTranspose1d here makes exactly T * stride
             rate *= block.conv_t1.stride[0]
             for unit in (block.res_unit1, block.res_unit2, block.res_unit3):
-                s = act(unit.snake1, h, rate)
-                if isinstance(unit, _FusedResidualUnit):
-                    h = unit.kernel(s, h, lengths, rate)  # masks its second Snake itself
-                else:
-                    h = h + unit.conv2(act(unit.snake2, unit.conv1(s), rate))
+                h = h + unit.conv2(act(unit.snake2, unit.conv1(act(unit.snake1, h, rate)), rate))
         return dec.conv2(act(dec.snake1, h, rate))

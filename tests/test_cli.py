@@ -249,10 +249,29 @@ def test_a_failed_drain_call_falls_back_to_the_usual_calls(monkeypatch):
         np.testing.assert_array_equal(got[i], w)
 
 
-def test_a_codec_call_that_fails_after_one_is_queued_keeps_the_rows_before_it(monkeypatch):
-    """Calls run one ahead (the next is queued before the last one's audio is taken): when the
-    second call fails, the first one's rows still come out, once each, before the error; the
-    rest are left to decode_rows' retries, which then give every row exactly once."""
+def test_codec_calls_are_queued_before_the_first_rows_come_out(monkeypatch):
+    """The batched codec queues CODEC_CALLS_AHEAD calls beyond the one it collects: by the time
+    the first call's rows come out, that many more have been launched (here all three)."""
+    import runners.higgs_audio_v2.runner as higgs_runner
+
+    runner = _tiny_runner()
+    rng = np.random.default_rng(4)
+    tokens = [_frames(rng, 40) for _ in range(7)]
+    monkeypatch.setattr(higgs_runner, "CODEC_LENGTH_BUCKET", 32)
+    monkeypatch.setattr(higgs_runner, "CODEC_BATCH_FRAMES", 3 * 32)  # calls of 3, 3, then 1
+    calls = _codec_calls(monkeypatch)
+    out = runner.decode_audio_calls(tokens, batched=True)
+    rows, _ = next(out)
+    assert rows == [0, 1, 2] and len(calls) == min(3, higgs_runner.CODEC_CALLS_AHEAD + 1) == 3
+    assert sorted(i for rows, _ in out for i in rows) == [3, 4, 5, 6]
+
+
+@pytest.mark.parametrize("failing", [2, 3])
+def test_a_codec_call_that_fails_after_others_are_queued_keeps_the_rows_before_it(monkeypatch, failing):
+    """Calls run ahead (the next ones are queued before the oldest one's audio is taken): when
+    the second or third call fails, the rows of the calls before it still come out, once each,
+    before the error; the rest are left to decode_rows' retries, which then give every row
+    exactly once."""
     import runners.higgs_audio_v2.runner as higgs_runner
     from omni_cli.generate import decode_rows
 
@@ -262,17 +281,17 @@ def test_a_codec_call_that_fails_after_one_is_queued_keeps_the_rows_before_it(mo
     monkeypatch.setattr(higgs_runner, "CODEC_LENGTH_BUCKET", 32)
     monkeypatch.setattr(higgs_runner, "CODEC_BATCH_FRAMES", 3 * 32)  # calls of 3, 3, then 1
     want = runner.decode_audio(tokens, batched=True)
-    _codec_calls(monkeypatch, fail=lambda batch, call: call == 2)
+    _codec_calls(monkeypatch, fail=lambda batch, call: call == failing)
     seen = []
     with pytest.raises(RuntimeError, match="out of memory"):
         for rows, waves in runner.decode_audio_calls(tokens, batched=True):
             seen += rows
             for i, w in zip(rows, waves):
                 np.testing.assert_array_equal(w, want[i])
-    assert len(seen) == 3 and len(set(seen)) == 3
-    calls = _codec_calls(monkeypatch, fail=lambda batch, call: call == 2)
+    assert len(seen) == 3 * (failing - 1) and len(set(seen)) == len(seen)
+    calls = _codec_calls(monkeypatch, fail=lambda batch, call: call == failing)
     got = list(decode_rows(runner, tokens, batched=True))
-    assert sorted(i for i, _ in got) == list(range(7)) and calls[1][1]
+    assert sorted(i for i, _ in got) == list(range(7)) and calls[failing - 1][1]
     for i, w in got:  # the first call's rows as batched, the rest decoded alone: a conv's rounding
         np.testing.assert_allclose(w, want[i], rtol=0, atol=1e-6)
 

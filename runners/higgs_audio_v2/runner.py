@@ -17,6 +17,7 @@ Each step feeds back the previous frame's codes (8 embeddings summed).
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import threading
 
@@ -47,6 +48,10 @@ CODEC_DRAIN_FRAMES = 8192
 CODEC_FRAME_BYTES = 350 << 10
 # batched rows are padded to a multiple of this many codec frames (2.56 s)
 CODEC_LENGTH_BUCKET = 64
+# batched codec calls queued on the GPU beyond the one being collected: with one, a
+# batch-256 drain sat idle 7-17 ms between its 22 ms calls, the codec thread waiting for the
+# writers' GIL (benchmarks/drain_timeline.py, H200)
+CODEC_CALLS_AHEAD = 2
 
 
 def _length_bucket(codec_frames: int) -> int:
@@ -324,9 +329,10 @@ class HiggsRunner(ModelRunner):
             buckets: dict[int, list[int]] = {}
             for i in todo:
                 buckets.setdefault(_length_bucket(len(codes[i])), []).append(i)
-            # One call ahead: call k+1 is launched before call k's audio is collected, so the GPU
-            # runs it while this thread copies k's rows out and the writers take them.
-            pending = None
+            # Calls ahead: calls k+1..k+CODEC_CALLS_AHEAD are queued before call k's audio is
+            # collected, so the GPU runs them while this thread copies k's rows out and hands
+            # them to the writers, whose encoding holds the GIL this thread then waits for.
+            queued: collections.deque = collections.deque()
             calls = 0
             for length, members in buckets.items():
                 rows = self._rows_per_call(length, False)
@@ -343,30 +349,31 @@ class HiggsRunner(ModelRunner):
                         padded[j, :, : len(codes[i])] = codes[i].T
                         lengths[j] = len(codes[i])
                     try:
-                        launched = (chunk, lengths, *self._launch_codec(padded, lengths, calls % 2))
+                        queued.append((chunk, lengths, *self._launch_codec(padded, lengths,
+                                                                          calls % (CODEC_CALLS_AHEAD + 1))))
                     except Exception:
-                        if pending is not None:  # what already ran is kept
-                            yield self._collect_codec(*pending)
+                        while queued:  # what already ran is kept
+                            yield self._collect_codec(*queued.popleft())
                         raise
                     calls += 1
-                    if pending is not None:
-                        yield self._collect_codec(*pending)
-                    pending = launched
-            if pending is not None:
-                yield self._collect_codec(*pending)
+                    if len(queued) > CODEC_CALLS_AHEAD:
+                        yield self._collect_codec(*queued.popleft())
+            while queued:
+                yield self._collect_codec(*queued.popleft())
 
     def _launch_codec(self, padded: np.ndarray, lengths: np.ndarray, slot: int):
         """Queues one batched codec call (a CUDA graph from a shape's second call on) and the
         copy of its audio into this thread's host buffer `slot`. Returns (host audio
         [B, samples], the copy's event).
 
-        Two buffers each way, used by alternate calls: a call's inputs go through pinned
-        memory, so their copies queue behind call k-1 instead of the host waiting for it (as
-        from pageable memory), and call k is queued at once, back to back on the GPU; a
-        buffer is filled again two calls later, once the call that used it was collected."""
+        CODEC_CALLS_AHEAD + 1 buffers each way, used by calls in turn: a call's inputs go
+        through pinned memory, so their copies queue behind the calls before it instead of the
+        host waiting for them (as from pageable memory), and the calls run back to back on
+        the GPU; a buffer is filled again once the call that used it was collected."""
         local = self._codec_local
         if not hasattr(local, "graphs"):
-            local.graphs, local.inputs, local.hosts = CodecGraphs(self.codec, self.device), [None, None], [None, None]
+            n = CODEC_CALLS_AHEAD + 1
+            local.graphs, local.inputs, local.hosts = CodecGraphs(self.codec, self.device), [None] * n, [None] * n
         n = padded.size + lengths.size
         if local.inputs[slot] is None or local.inputs[slot].numel() < n:
             local.inputs[slot] = host_buffer((n,), torch.int64, self.device)
@@ -385,7 +392,9 @@ class HiggsRunner(ModelRunner):
         return host, done
 
     def _collect_codec(self, chunk: list[int], lengths: np.ndarray, host: torch.Tensor, done):
-        """A launched call's rows: (their indices, their audio, copied out of the reused buffer)."""
+        """A launched call's rows: (their indices, their audio: views of one copy out of the
+        reused buffer). One copy, not one a row: each copy lets go of the GIL and waits to get
+        it back from the writer threads (up to the 5 ms switch interval each time)."""
         done.synchronize()
-        wave = host.numpy()
-        return chunk, [wave[j, : lengths[j] * self.hop_length].copy() for j in range(len(chunk))]
+        wave = host.numpy()[: len(chunk)].copy()
+        return chunk, [wave[j, : lengths[j] * self.hop_length] for j in range(len(chunk))]

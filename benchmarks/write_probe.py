@@ -75,7 +75,7 @@ def main() -> None:
                 parts, record = encoded[i]
                 for rel, data in parts:
                     files_writer.publish(rel, data)
-                files_writer._record(i, record)
+                files_writer.add_row(i, record)
 
             row = {"threads": threads, "rows": args.rows}
             for key, job in (("write_ok_ms", whole), ("encode_ms", encode), ("files_ms", files)):

@@ -57,7 +57,7 @@ class OutputWriter:
         self._manifest = open(out / "metadata.jsonl", "w", encoding="utf-8")
         self._lock = threading.Lock()  # manifest rows come from the writer thread and the main one
 
-    def _record(self, row: int, record: dict[str, Any]) -> None:
+    def add_row(self, row: int, record: dict[str, Any]) -> None:
         with self._lock:
             self.rows[row] = record
             self._manifest.write(json.dumps(record, ensure_ascii=False) + "\n")
@@ -69,7 +69,7 @@ class OutputWriter:
         files, record = self.encode_ok(rid, audio, tokens, logprobs, mask, meta, raw_logprobs)
         for rel, data in files:
             self.publish(rel, data)
-        self._record(meta["row"], record)
+        self.add_row(meta["row"], record)
         return record
 
     def encode_ok(self, rid: str, audio: np.ndarray, tokens: np.ndarray, logprobs: np.ndarray, mask: np.ndarray,
@@ -120,7 +120,7 @@ class OutputWriter:
     def write_failed(self, row: int, rid: str, text: str, error: str, status: str = "failed") -> None:
         # file_name is where the audio would be, so the manifest still loads as an
         # audiofolder; status tells users to filter the row out
-        self._record(row, {"file_name": f"audio/{rid}.{self.fmt}", "id": rid, "status": status, "row": row,
+        self.add_row(row, {"file_name": f"audio/{rid}.{self.fmt}", "id": rid, "status": status, "row": row,
                            "text": text, "error": error})
 
     def close(self) -> None:

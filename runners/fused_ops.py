@@ -159,9 +159,9 @@ def snake_value(x, a):
 
 
 @triton.jit
-def _snake_kernel(x_ptr, alpha_ptr, out_ptr, lengths_ptr, bias_ptr, res_ptr, pre_ptr, channels, t, rate,
+def _snake_kernel(x_ptr, alpha_ptr, out_ptr, lengths_ptr, bias_ptr, res_ptr, channels, t, rate,
                   BLOCK: tl.constexpr, MASKED: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
-                  STORE_PRE: tl.constexpr):
+                  STORE_SUM: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)  # b * channels + c
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     ok = cols < t
@@ -171,8 +171,8 @@ def _snake_kernel(x_ptr, alpha_ptr, out_ptr, lengths_ptr, bias_ptr, res_ptr, pre
         x = (x.to(tl.float32) + tl.load(bias_ptr + row % channels).to(tl.float32)).to(dt)
     if HAS_RESIDUAL:
         x = (tl.load(res_ptr + row * t + cols, mask=ok, other=0.0).to(tl.float32) + x.to(tl.float32)).to(dt)
-    if STORE_PRE:
-        tl.store(pre_ptr + row * t + cols, x, mask=ok)
+    if STORE_SUM:  # over x: this program read these positions above
+        tl.store(x_ptr + row * t + cols, x, mask=ok)
     y = snake_value(x, tl.load(alpha_ptr + row % channels).to(tl.float32))
     if MASKED:  # zero past the row's length (a select, so garbage there, even inf, leaves nothing)
         y = tl.where(cols < tl.load(lengths_ptr + row // channels) * rate, y, 0.0).to(dt)
@@ -197,7 +197,7 @@ def snake(x: torch.Tensor, alpha: torch.Tensor, lengths: torch.Tensor | None = N
     block = 1024
     _snake_kernel[(b * c, triton.cdiv(t, block))](
         x, alpha.contiguous(), out, x if lengths is None else lengths, x if bias is None else bias.contiguous(),
-        x if residual is None else residual.contiguous(), x, c, t, rate, BLOCK=block, MASKED=lengths is not None,
+        x if residual is None else residual.contiguous(), c, t, rate, BLOCK=block, MASKED=lengths is not None,
         HAS_BIAS=bias is not None, HAS_RESIDUAL=residual is not None,
-        STORE_PRE=keep and (bias is not None or residual is not None))
+        STORE_SUM=keep and (bias is not None or residual is not None))
     return (x, out) if keep else out

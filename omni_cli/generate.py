@@ -31,7 +31,7 @@ from omni_cli.output import OutputWriter, check_out_dir, write_run_json
 from omni_cli.params import FIELD_NAMES
 from omni_cli.progress import Progress
 from omni_cli.prompts import read_prompts
-from omni_cli.scheduler import Request, Scheduler
+from omni_cli.scheduler import Request, Scheduler, stacked
 from omni_cli.seeds import row_seed
 from omni_cli.warmup import warm_up_lm
 from runners.device import priority_stream
@@ -213,7 +213,7 @@ def run_generate(opts: GenerateOptions) -> RunSummary:
                 drain = after_loop or taken >= queued  # the last rows: the loop decodes nothing more
             if not reqs:
                 return  # an earlier call took them
-            tokens = [np.stack(r.frames) for r in reqs]  # [frames, codebooks], as sampled
+            tokens = [stacked(r.frames) for r in reqs]  # [frames, codebooks], as sampled
             t_call = time.perf_counter()
             for i, wave in decode_rows(runner, tokens, batch_codec, drain):  # writes start as each codec call ends
                 pending.append(writers.submit(write, reqs[i], tokens[i], wave))
@@ -376,8 +376,8 @@ def _async_summary(enabled: bool, runner, stats) -> str:
 
 def _write_request(writer: OutputWriter, runner, row, req: Request, system: str, tokens: np.ndarray,
                    audio: np.ndarray) -> dict:
-    logprobs = np.stack(req.logprobs)
-    raw = np.stack(req.raw_logprobs) if req.raw_logprobs else None
+    logprobs = stacked(req.logprobs)
+    raw = stacked(req.raw_logprobs) if req.raw_logprobs else None
     meta = {"row": row.row, "text": row.text, "scene": row.scene, "system": system, "seed": req.seed,
             "finish_reason": req.finish_reason, **req.params.as_record()}
     return writer.write_ok(row.row, req.rid, audio, tokens, logprobs, runner.real_code_mask(tokens), meta, raw)

@@ -33,6 +33,14 @@ class Status(enum.Enum):
     FINISHED = "finished"
 
 
+def stacked(entries: list[np.ndarray]) -> np.ndarray:
+    """A request's per-frame entries (frames, logprobs), [n] each -> [frames, n]: np.stack's
+    result, in one concatenate. np.stack makes a view of every entry first, which for a few
+    hundred frames is most of its time; at a one-wave run's end the codec thread stacks
+    every row before its first call, holding the GIL."""
+    return np.concatenate(entries).reshape(len(entries), -1)
+
+
 @dataclass(eq=False)
 class Request:
     rid: str

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from omni_cli.params import SamplingParams
-from omni_cli.scheduler import Request, Scheduler, SlotPool, Status
+from omni_cli.scheduler import Request, Scheduler, SlotPool, Status, stacked
 
 
 def _req(i: int, prompt_len: int, frames: int) -> Request:
@@ -125,3 +125,14 @@ def test_admission_waits_for_an_eighth_of_the_slots():
     first_refill = next(i for i, (p, rids) in enumerate(trace) if p and rids == ["r16", "r17"])
     # r0 finished at step 5 and r1 at step 6: the refill comes after the second, not the first
     assert [rids for _, rids in trace[5:first_refill]] == [[f"r{i}" for i in range(1, 16)]]
+
+
+def test_stacked_entries_equal_numpy_stack():
+    """A request's per-frame entries stacked in one concatenate: np.stack's array, dtype and shape
+    included, for codes, logprobs and a single frame."""
+    rng = np.random.default_rng(0)
+    for entries in ([rng.integers(0, 1026, 8) for _ in range(207)],
+                    [rng.standard_normal(8).astype(np.float32) for _ in range(5)],
+                    [np.arange(3)]):
+        got, want = stacked(entries), np.stack(entries)
+        assert got.dtype == want.dtype and got.shape == want.shape and np.array_equal(got, want)

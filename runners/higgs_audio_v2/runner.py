@@ -372,8 +372,9 @@ class HiggsRunner(ModelRunner):
         the GPU; a buffer is filled again once the call that used it was collected."""
         local = self._codec_local
         if not hasattr(local, "graphs"):
-            n = CODEC_CALLS_AHEAD + 1
-            local.graphs, local.inputs, local.hosts = CodecGraphs(self.codec, self.device), [None] * n, [None] * n
+            slots = CODEC_CALLS_AHEAD + 1
+            local.graphs = CodecGraphs(self.codec, self.device)
+            local.inputs, local.hosts = [None] * slots, [None] * slots
         n = padded.size + lengths.size
         if local.inputs[slot] is None or local.inputs[slot].numel() < n:
             local.inputs[slot] = host_buffer((n,), torch.int64, self.device)

@@ -161,6 +161,12 @@ def _unbiased(conv: nn.Conv1d | nn.ConvTranspose1d, x: torch.Tensor) -> torch.Te
     return F.conv1d(x, conv.weight, None, conv.stride, conv.padding, conv.dilation, conv.groups)
 
 
+def _keep_mask(h: torch.Tensor, lengths: torch.Tensor, rate: int) -> torch.Tensor:
+    """h [B, C, L], L = T * rate -> [B, 1, L] in h's dtype: 1 before each row's lengths[b] * rate, else 0."""
+    keep = torch.arange(h.shape[-1], device=h.device)[None, :] < (lengths * rate)[:, None]
+    return keep[:, None, :].to(h.dtype)
+
+
 class _FusedHeadConv(nn.Conv1d):
     """The decoder's last convolution (to one channel) as one Triton kernel
     (runners/fused_codec.py); `kernel` holds its weights."""
@@ -292,8 +298,7 @@ class HiggsCodecDecoder(nn.Module):
 
         dec = self.acoustic_decoder
         if lengths is not None:
-            keep = torch.arange(latent.shape[-1], device=latent.device)[None, :] < lengths[:, None]
-            latent = latent * keep[:, None, :].to(latent.dtype)
+            latent = latent * _keep_mask(latent, lengths, 1)
         # The residual stream as (x, bias, residual): residual + (x + bias), for the next Snake,
         # which consumes it. x is a convolution's fresh output, so keep may write the sum over
         # it; peak memory then stays at the modules' (three signals at the 24 kHz end).
@@ -332,8 +337,7 @@ class HiggsCodecDecoder(nn.Module):
 
         def valid(h: torch.Tensor, rate: int) -> torch.Tensor:  # h [B, C, L] with L = T * rate
             if rate not in keeps:
-                keep = torch.arange(h.shape[-1], device=h.device)[None, :] < (lengths * rate)[:, None]
-                keeps[rate] = keep[:, None, :].to(h.dtype)
+                keeps[rate] = _keep_mask(h, lengths, rate)
             return h * keeps[rate]
 
         def act(snake: Snake1d, h: torch.Tensor, rate: int) -> torch.Tensor:

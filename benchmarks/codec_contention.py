@@ -31,6 +31,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from omni_cli.output import OutputWriter  # noqa: E402
+from runners.audio import pcm16  # noqa: E402
 from runners.higgs_audio_v2.codec import HiggsCodecDecoder  # noqa: E402
 from runners.higgs_audio_v2.shapes import codec_config  # noqa: E402
 from benchmarks.timing import write_results  # noqa: E402
@@ -39,7 +40,7 @@ FRAMES = 192  # codec frames of a 200-frame row after the delay pattern
 
 
 def _calls(codec, codes, lengths, calls: int, write) -> tuple[float, float]:
-    """(wall s, GPU s) of `calls` decodes on this thread's own stream; write(waves) after each."""
+    """(wall s, GPU s) of `calls` decodes on this thread's own stream; write(rows' samples) after each."""
     stream = torch.cuda.Stream()
     gpu = 0.0
     t0 = time.perf_counter()
@@ -47,7 +48,7 @@ def _calls(codec, codes, lengths, calls: int, write) -> tuple[float, float]:
         for _ in range(calls):
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record()
-            wave = codec.decode(codes, lengths)
+            wave = pcm16(codec.decode(codes, lengths))  # the samples, as the runner's calls make them
             end.record()
             host = wave.cpu().numpy()  # waits for this stream, as the runner's call does
             gpu += start.elapsed_time(end) / 1e3

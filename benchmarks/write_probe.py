@@ -5,7 +5,7 @@ Three ways, each --rows rows on --threads threads (omni generate runs four) into
 folder under --dir (put it on the disk the outputs go to), with omni_cli/output.py's code:
 - whole rows: OutputWriter.write_ok as omni generate calls it (the wav, the npz and the
   manifest row);
-- encode only: its in-memory half (encode_ok: the 16-bit samples, the wav and npz bytes,
+- encode only: its in-memory half (encode_ok: the wav bytes from the int16 samples, the npz bytes,
   the manifest row's fields);
 - files only: its other half from bytes made beforehand (publish: each file written under
   a partial name and renamed, then the manifest row appended and flushed).
@@ -52,7 +52,8 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=Path("write_probe.json"))
     args = ap.parse_args()
     rng = np.random.default_rng(0)
-    audio = [(rng.standard_normal(192 * 960) * 0.1).astype(np.float32) for _ in range(args.rows)]
+    # int16 samples: the codec's audio is converted on the device (runners/audio.py)
+    audio = [(rng.standard_normal(192 * 960) * 3000).astype(np.int16) for _ in range(args.rows)]
     tokens = rng.integers(0, 1024, (200, 8))
     logprobs = rng.standard_normal((200, 8)).astype(np.float32)
     mask = np.ones((200, 8), dtype=bool)

@@ -22,7 +22,7 @@ import torch
 
 from omni_cli.loop import LoopStats, run_loop
 from omni_cli.params import SamplingParams
-from omni_cli.scheduler import Request, Scheduler, stacked
+from omni_cli.scheduler import Request, Scheduler
 from omni_cli.warmup import warm_up_lm
 from runners.attention import KVCache
 from runners.engine import Engine
@@ -124,7 +124,7 @@ def run_requests(model, codec, n_req: int, max_batch: int, frames: int, prompt_l
     stats = run_loop(sched, runner, lambda rs: None, lambda rows, st: None, async_decode)
     wall = time.perf_counter() - t0
     return RunResult(stats, wall, runner.async_query_hit, runner.async_query_miss,
-                     {r.rid: stacked(r.frames) for r in reqs}, {r.rid: stacked(r.logprobs) for r in reqs})
+                     {r.rid: r.frames.array for r in reqs}, {r.rid: r.logprobs.array for r in reqs})
 
 
 def _transformers(ref, cfg, batch, frames, prompt_len, device):

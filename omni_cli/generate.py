@@ -31,7 +31,7 @@ from omni_cli.output import OutputWriter, check_out_dir, write_run_json
 from omni_cli.params import FIELD_NAMES
 from omni_cli.progress import Progress
 from omni_cli.prompts import read_prompts
-from omni_cli.scheduler import Request, Scheduler, stacked
+from omni_cli.scheduler import Request, Scheduler
 from omni_cli.seeds import row_seed
 from omni_cli.warmup import warm_up_lm
 from runners.device import priority_stream
@@ -188,15 +188,21 @@ def run_generate(opts: GenerateOptions) -> RunSummary:
         for r, error in rejected:
             fail(r.row, r.id, r.text, error)
 
-        def write(req: Request, tokens: np.ndarray, wave) -> None:  # on a writer thread: one row's files
+        def write(req: Request, tokens: np.ndarray, samples) -> None:  # on a writer thread: one row's files
+            try:
+                _write_row(req, tokens, samples)
+            finally:
+                req.release()  # written or failed: a run keeps every Request to its end, not their frames
+
+        def _write_row(req: Request, tokens: np.ndarray, samples) -> None:
             nonlocal ok
             row = by_rid[req.rid][0]
-            if isinstance(wave, Exception):
-                fail(row.row, req.rid, row.text, f"row {row.row}: decoding its audio failed: {wave}")
+            if isinstance(samples, Exception):
+                fail(row.row, req.rid, row.text, f"row {row.row}: decoding its audio failed: {samples}")
                 return
             t_write = time.perf_counter()
             try:
-                record = _write_request(writer, runner, row, req, by_system[req.rid], tokens, wave)
+                record = _write_request(writer, runner, row, req, by_system[req.rid], tokens, samples)
             except (OSError, ValueError) as e:  # a full disk: this row only
                 fail(row.row, req.rid, row.text, f"row {row.row}: writing its outputs failed: {e}")
                 return
@@ -213,10 +219,10 @@ def run_generate(opts: GenerateOptions) -> RunSummary:
                 drain = after_loop or taken >= queued  # the last rows: the loop decodes nothing more
             if not reqs:
                 return  # an earlier call took them
-            tokens = [stacked(r.frames) for r in reqs]  # [frames, codebooks], as sampled
+            tokens = [r.frames.array for r in reqs]  # [frames, codebooks], as sampled
             t_call = time.perf_counter()
-            for i, wave in decode_rows(runner, tokens, batch_codec, drain):  # writes start as each codec call ends
-                pending.append(writers.submit(write, reqs[i], tokens[i], wave))
+            for i, samples in decode_rows(runner, tokens, batch_codec, drain):  # writes start as each codec call ends
+                pending.append(writers.submit(write, reqs[i], tokens[i], samples))
             codec_done = time.perf_counter()
             codec_calls.append(codec_done - t_call)
 
@@ -335,7 +341,7 @@ def _warm_up(runner, template: Request, config, codec_thread, batch_codec: bool)
 
 
 def decode_rows(runner, tokens: list[np.ndarray], batched: bool, drain: bool = False):
-    """Yields (row index, its waveform or the error that kept its audio from being
+    """Yields (row index, its audio as int16 samples or the error that kept it from being
     decoded) for every row, each codec call's rows as soon as that call completes
     (``drain``: the decode loop has stopped, so calls may be larger: runner.decode_audio_calls).
 
@@ -375,9 +381,9 @@ def _async_summary(enabled: bool, runner, stats) -> str:
 
 
 def _write_request(writer: OutputWriter, runner, row, req: Request, system: str, tokens: np.ndarray,
-                   audio: np.ndarray) -> dict:
-    logprobs = stacked(req.logprobs)
-    raw = stacked(req.raw_logprobs) if req.raw_logprobs else None
+                   samples: np.ndarray) -> dict:
+    logprobs = req.logprobs.array
+    raw = req.raw_logprobs.array if len(req.raw_logprobs) else None
     meta = {"row": row.row, "text": row.text, "scene": row.scene, "system": system, "seed": req.seed,
             "finish_reason": req.finish_reason, **req.params.as_record()}
-    return writer.write_ok(row.row, req.rid, audio, tokens, logprobs, runner.real_code_mask(tokens), meta, raw)
+    return writer.write_ok(row.row, req.rid, samples, tokens, logprobs, runner.real_code_mask(tokens), meta, raw)

@@ -51,30 +51,34 @@ class OutputWriter:
         self.out = out
         self.fmt = fmt
         self.sample_rate = sample_rate
-        self.rows: dict[int, dict[str, Any]] = {}  # input row number -> manifest row
+        self._lines: dict[int, str] = {}  # input row number -> its manifest line
         (out / "audio").mkdir(parents=True, exist_ok=True)
         (out / "logprobs").mkdir(parents=True, exist_ok=True)
         self._manifest = open(out / "metadata.jsonl", "w", encoding="utf-8")
         self._lock = threading.Lock()  # manifest rows come from the writer thread and the main one
 
     def add_row(self, row: int, record: dict[str, Any]) -> None:
+        line = json.dumps(record, ensure_ascii=False) + "\n"
         with self._lock:
-            self.rows[row] = record
-            self._manifest.write(json.dumps(record, ensure_ascii=False) + "\n")
+            self._lines[row] = line
+            self._manifest.write(line)
             self._manifest.flush()
 
-    def write_ok(self, row: int, rid: str, audio: np.ndarray, tokens: np.ndarray, logprobs: np.ndarray,
+    def write_ok(self, row: int, rid: str, samples: np.ndarray, tokens: np.ndarray, logprobs: np.ndarray,
                  mask: np.ndarray, meta: dict[str, Any], raw_logprobs: np.ndarray | None = None) -> dict[str, Any]:
         """Write one finished request's files and its manifest row."""
-        files, record = self.encode_ok(rid, audio, tokens, logprobs, mask, meta, raw_logprobs)
+        files, record = self.encode_ok(rid, samples, tokens, logprobs, mask, meta, raw_logprobs)
         for rel, data in files:
             self.publish(rel, data)
         self.add_row(meta["row"], record)
         return record
 
-    def encode_ok(self, rid: str, audio: np.ndarray, tokens: np.ndarray, logprobs: np.ndarray, mask: np.ndarray,
+    def encode_ok(self, rid: str, samples: np.ndarray, tokens: np.ndarray, logprobs: np.ndarray, mask: np.ndarray,
                   meta: dict[str, Any], raw_logprobs: np.ndarray | None = None):
-        """A finished request's files as bytes, [(path under out, bytes)], and its manifest row."""
+        """A finished request's files as bytes, [(path under out, bytes)], and its manifest row.
+        samples: the audio as int16 [samples] (runners/audio.py: pcm16)."""
+        if samples.dtype != np.int16:
+            raise TypeError(f"audio samples must be int16 (runners/audio.py: pcm16), got {samples.dtype}")
         audio_rel = f"audio/{rid}.{self.fmt}"
         # 16-bit PCM: float WAV would carry libsndfile's PEAK chunk, whose
         # timestamp makes files of the same audio differ byte for byte.
@@ -85,10 +89,10 @@ class OutputWriter:
         # run is fsynced, the npz and manifest included: what was written
         # survives a crash of the process, not necessarily one of the machine.
         if self.fmt == "wav":
-            audio_bytes = wav_pcm16(pcm16(audio), self.sample_rate)
+            audio_bytes = wav_pcm16(samples, self.sample_rate)
         else:
             encoded = io.BytesIO()
-            sf.write(encoded, pcm16(audio), self.sample_rate, format=self.fmt.upper(), subtype="PCM_16")
+            sf.write(encoded, samples, self.sample_rate, format=self.fmt.upper(), subtype="PCM_16")
             audio_bytes = encoded.getbuffer()
         npz_rel = f"logprobs/{rid}.npz"
         arrays = {"tokens": tokens.astype(np.int64), "logprobs": logprobs.astype(np.float32), "mask": mask.astype(bool)}
@@ -103,7 +107,7 @@ class OutputWriter:
             "status": "ok",
             **meta,
             "frames": int(tokens.shape[0]),
-            "duration_s": round(len(audio) / self.sample_rate, 6),
+            "duration_s": round(len(samples) / self.sample_rate, 6),
             "mean_logprob": float(real.mean()) if real.size else None,
             "min_window_logprob": min_window_logprob(logprobs, mask),
             "logprobs_file": npz_rel,
@@ -126,16 +130,8 @@ class OutputWriter:
     def close(self) -> None:
         """Rewrite the manifest in input order."""
         self._manifest.close()
-        lines = [json.dumps(self.rows[r], ensure_ascii=False) + "\n" for r in sorted(self.rows)]
+        lines = [self._lines[r] for r in sorted(self._lines)]
         _atomic_write(self.out / "metadata.jsonl", "".join(lines).encode("utf-8"))
-
-
-def pcm16(audio: np.ndarray) -> np.ndarray:
-    """float32 audio -> int16 samples, as libsndfile 1.2 converts float to PCM_16
-    (floor(x * 32768), clipped). Done here, not by libsndfile: its conversion
-    took 3.1 of the 3.7 ms a row's files cost on the CI machine, and
-    this keeps the files the same whichever libsndfile is installed."""
-    return np.clip(np.floor(audio * np.float32(32768)), -32768, 32767).astype(np.int16)
 
 
 def wav_pcm16(samples: np.ndarray, sample_rate: int) -> bytes:

@@ -33,12 +33,52 @@ class Status(enum.Enum):
     FINISHED = "finished"
 
 
-def stacked(entries: list[np.ndarray]) -> np.ndarray:
-    """A request's per-frame entries (frames, logprobs), [n] each -> [frames, n]: np.stack's
-    result, in one concatenate. np.stack makes a view of every entry first, which for a few
-    hundred frames is most of its time; at a one-wave run's end the codec thread stacks
-    every row before its first call, holding the GIL."""
-    return np.concatenate(entries).reshape(len(entries), -1)
+class FrameBuffer:
+    """A request's per-frame entries (codes, logprobs) on the host, [n] a frame, kept as the rows
+    of one [frames, n] array that doubles when full.
+
+    Why not a list of per-frame arrays: each request's list then had to be stacked
+    once it finished, and at a one-wave run's end the codec thread stacked all of
+    them before its first call, holding the GIL (13 ms of a 256-row run's tail on
+    the H200 machine, benchmarks/tail_host.py); here a frame is written where it
+    stays, on the loop thread between steps, and `array` is a view."""
+
+    FIRST_CAPACITY = 64  # frames; then doubled as needed
+
+    def __init__(self, dtype):
+        self.dtype = np.dtype(dtype)
+        self._rows: np.ndarray | None = None
+        self._n = 0
+        self._released = False
+
+    def __len__(self) -> int:
+        return self._n
+
+    def append(self, entry: np.ndarray) -> None:
+        if self._released:
+            raise RuntimeError("frames appended after the request's buffers were released")
+        if self._rows is None or self._n == len(self._rows):
+            grown = np.empty((max(2 * self._n, self.FIRST_CAPACITY), len(entry)), dtype=self.dtype)
+            if self._rows is not None:
+                grown[: self._n] = self._rows[: self._n]
+            self._rows = grown
+        self._rows[self._n] = entry
+        self._n += 1
+
+    @property
+    def array(self) -> np.ndarray:
+        """The entries so far, [frames, n]: a view, valid until the next append that grows it."""
+        if self._released:
+            raise RuntimeError("the request's frames were released (its files are written)")
+        if self._rows is None:
+            return np.zeros((0, 0), dtype=self.dtype)
+        return self._rows[: self._n]
+
+    def release(self) -> None:
+        """Drop the entries (the row's files are written): a run of many rows keeps every
+        Request until its end, and 1,500 frames of 8 codes and logprobs are 144 KB a row."""
+        self._rows = None
+        self._released = True
 
 
 @dataclass(eq=False)
@@ -49,10 +89,10 @@ class Request:
     seed: int
     status: Status = Status.WAITING
     slot: int | None = None
-    # one entry per generated frame, host side: [num_codebooks] int / float32
-    frames: list[np.ndarray] = field(default_factory=list)
-    logprobs: list[np.ndarray] = field(default_factory=list)
-    raw_logprobs: list[np.ndarray] = field(default_factory=list)  # with --raw-logprobs
+    # one entry per generated frame, host side: [num_codebooks] int64 / float32 each
+    frames: FrameBuffer = field(default_factory=lambda: FrameBuffer(np.int64))
+    logprobs: FrameBuffer = field(default_factory=lambda: FrameBuffer(np.float32))
+    raw_logprobs: FrameBuffer = field(default_factory=lambda: FrameBuffer(np.float32))  # with --raw-logprobs
     finish_reason: str | None = None  # "stop" | "length"
     # frames whose step has been scheduled; runs ahead of len(frames) by the
     # steps launched on the device but not yet resolved on the host
@@ -61,6 +101,11 @@ class Request:
     @property
     def generation_steps(self) -> int:
         return len(self.frames)
+
+    def release(self) -> None:
+        """Drop the per-frame entries once the row's files are written."""
+        for entries in (self.frames, self.logprobs, self.raw_logprobs):
+            entries.release()
 
     def kv_tokens_needed(self) -> int:
         """Worst-case KV positions: the prompt plus every frame but the last."""

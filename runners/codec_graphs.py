@@ -20,8 +20,8 @@ HAZARDS: a replayed call's output is the graph's own buffer, which the shape's
 next replay overwrites: the caller copies it out on the same stream before its
 next call. An instance's graphs share one memory pool (a call's activations),
 so they run one at a time, on one stream: one instance per thread. Each
-graph's output stays allocated in that pool (up to 16 MiB: a call of
-CODEC_BATCH_FRAMES frames), so at most MAX_GRAPHS shapes are captured and
+graph's output stays allocated in that pool (up to 8 MiB: a call of
+CODEC_BATCH_FRAMES frames as int16 samples), so at most MAX_GRAPHS shapes are captured and
 the rest run eagerly: 15 more outputs than the one call the KV budget counts
 fit in its slack (runners/device.py: RUNTIME_SLACK_BYTES). A run of one
 length takes ~6 shapes (its padded batches); varied lengths a few per
@@ -38,8 +38,8 @@ MAX_GRAPHS = 16
 
 
 class CodecGraphs:
-    def __init__(self, codec, device: torch.device):
-        self.codec = codec  # .decode(codes_gpu [B, Q, T] int64, lengths_gpu [B] int64) -> audio_gpu [B, samples]
+    def __init__(self, decode, device: torch.device):
+        self.decode = decode  # (codes_gpu [B, Q, T] int64, lengths_gpu [B] int64) -> audio_gpu [B, samples]
         self.device = device
         self._capture = device.type == "cuda"
         self._seen: set[tuple[int, ...]] = set()  # shapes called once, eagerly
@@ -48,14 +48,14 @@ class CodecGraphs:
 
     def __call__(self, codes_host: torch.Tensor, lengths_host: torch.Tensor) -> torch.Tensor:
         """codes [B, Q, T] int64, lengths [B] int64, on the host (pinned on CUDA: their copies are
-        queued, so the caller must not refill them until this call's work is done) -> audio
-        [B, T * hop] float32 on the device, queued on the current stream."""
+        queued, so the caller must not refill them until this call's work is done) -> what decode
+        makes of them (audio [B, T * hop]) on the device, queued on the current stream."""
         shape = tuple(codes_host.shape)
         entry = self._graphs.get(shape)
         if entry is None and (not self._capture or shape not in self._seen or len(self._graphs) >= MAX_GRAPHS):
             self._seen.add(shape)
-            return self.codec.decode(codes_host.to(self.device, non_blocking=True),
-                                     lengths_host.to(self.device, non_blocking=True))
+            return self.decode(codes_host.to(self.device, non_blocking=True),
+                               lengths_host.to(self.device, non_blocking=True))
         if entry is None:
             entry = self._graphs[shape] = self._record(shape, tuple(lengths_host.shape))
         codes_gpu, lengths_gpu, graph, audio_gpu = entry
@@ -73,7 +73,7 @@ class CodecGraphs:
         with CAPTURE_LOCK:
             graph.capture_begin(pool=self._pool, capture_error_mode="thread_local")
             try:
-                audio_gpu = self.codec.decode(codes_gpu, lengths_gpu)
+                audio_gpu = self.decode(codes_gpu, lengths_gpu)
             finally:
                 graph.capture_end()
         return codes_gpu, lengths_gpu, graph, audio_gpu

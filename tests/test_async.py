@@ -162,7 +162,7 @@ def test_thousand_random_requests_free_every_slot_once(tmp_path, early_eos_ckpt)
     assert len(freed) == 1000 and sched.slots.num_free == 6 and not sched.running
     stops = 0
     for r in reqs:
-        tokens = np.stack(r.frames)
+        tokens = r.frames.array
         assert len(tokens) <= r.params.max_new_frames
         all_eos = (tokens == 1025).all(axis=1)
         if r.finish_reason == "stop":
@@ -189,7 +189,7 @@ def test_ineligible_batches_take_the_sync_path(tmp_path, eos_ckpt):
         for r in reqs:
             sched.add(r)
         stats = run_loop(sched, runner, lambda rs: None, lambda rows, st: None, async_decode=async_decode)
-        outs[async_decode] = ({r.rid: np.stack(r.frames) for r in reqs}, {r.rid: np.stack(r.logprobs) for r in reqs})
+        outs[async_decode] = ({r.rid: r.frames.array for r in reqs}, {r.rid: r.logprobs.array for r in reqs})
     assert stats.sync_routed > 5
     for rid in outs[False][0]:
         np.testing.assert_array_equal(outs[True][0][rid], outs[False][0][rid])

@@ -79,8 +79,14 @@ def test_flac_and_stdin(tmp_path):
 
 
 def test_a_row_whose_files_cannot_be_written_fails_alone(tmp_path, monkeypatch):
+    """A write error fails its row only; every row's frames are dropped once, after its files
+    were written or failed (a long run keeps its Requests, not their frames)."""
     from pathlib import Path
 
+    from omni_cli.scheduler import Request
+
+    released, real_release = [], Request.release
+    monkeypatch.setattr(Request, "release", lambda self: (released.append(self.rid), real_release(self))[1])
     real_write = Path.write_bytes
 
     def write(path, data):
@@ -96,20 +102,28 @@ def test_a_row_whose_files_cannot_be_written_fails_alone(tmp_path, monkeypatch):
     assert m["a"]["status"] == m["c"]["status"] == "ok"
     assert m["b"]["status"] == "failed" and "row 2: writing its outputs failed" in m["b"]["error"]
     assert "No space left" in m["b"]["error"]
+    assert sorted(released) == ["a", "b", "c"]
 
 
-def test_pcm16_matches_libsndfile():
-    """Our float -> PCM_16 conversion writes the bytes libsndfile's own conversion writes."""
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_pcm16_matches_libsndfile(dtype):
+    """Our float -> PCM_16 conversion (runners/audio.py, as the codec's output is converted on its
+    device, float32 or bf16) writes the bytes libsndfile's own conversion writes."""
     import io
 
-    from omni_cli.output import pcm16
+    import torch
+
+    from runners.audio import pcm16
 
     rng = np.random.default_rng(0)
     # normal audio, clipping, and the exact multiples of 1/32768 and their halves where rounding rules differ
-    audio = np.concatenate([rng.standard_normal(200_000) * 0.5, rng.uniform(-3, 3, 1000),
-                            rng.integers(-65536, 65537, 50_000) / 65536]).astype(np.float32)
+    audio = torch.from_numpy(np.concatenate([rng.standard_normal(200_000) * 0.5, rng.uniform(-3, 3, 1000),
+                                             rng.integers(-65536, 65537, 50_000) / 65536]).astype(np.float32))
+    audio = audio.to(getattr(torch, dtype)).float().numpy()  # the values a bf16 codec can produce
     ours, theirs = io.BytesIO(), io.BytesIO()
-    sf.write(ours, pcm16(audio), 24000, format="WAV", subtype="PCM_16")
+    samples = pcm16(torch.from_numpy(audio).to(getattr(torch, dtype))).numpy()
+    assert samples.dtype == np.int16
+    sf.write(ours, samples, 24000, format="WAV", subtype="PCM_16")
     sf.write(theirs, np.clip(audio, -1, 1), 24000, format="WAV", subtype="PCM_16")
     assert ours.getvalue() == theirs.getvalue()
 
@@ -118,15 +132,15 @@ def test_pcm16_matches_libsndfile():
 def test_audio_files_are_the_bytes_libsndfile_writes_to_a_path(tmp_path, fmt):
     """Encoded in memory and written at once, a row's audio file is byte for byte the file
     libsndfile writes itself to a path (which seeks and fsyncs: output.py)."""
-    from omni_cli.output import OutputWriter, pcm16
+    from omni_cli.output import OutputWriter
 
     rng = np.random.default_rng(1)
-    audio = (rng.standard_normal(48_001) * 0.3).astype(np.float32)
+    samples = rng.integers(-32768, 32768, 48_001).astype(np.int16)
     tokens = rng.integers(0, 1024, (20, 8))
     writer = OutputWriter(tmp_path / "out", fmt, 24000)
-    writer.write_ok(1, "r", audio, tokens, np.zeros((20, 8), np.float32), np.ones((20, 8), bool), {"row": 1})
+    writer.write_ok(1, "r", samples, tokens, np.zeros((20, 8), np.float32), np.ones((20, 8), bool), {"row": 1})
     writer.close()
-    sf.write(tmp_path / f"want.{fmt}", pcm16(audio), 24000, format=fmt.upper(), subtype="PCM_16")
+    sf.write(tmp_path / f"want.{fmt}", samples, 24000, format=fmt.upper(), subtype="PCM_16")
     assert (tmp_path / f"out/audio/r.{fmt}").read_bytes() == (tmp_path / f"want.{fmt}").read_bytes()
 
 
@@ -174,7 +188,6 @@ def test_batched_codec_pads_rows_to_shared_shapes_and_sounds_as_if_alone(monkeyp
     (at most CODEC_BATCH_FRAMES frames); each row's audio is its own, as decoded alone,
     to within a conv's rounding: the padding is masked."""
     import runners.higgs_audio_v2.runner as higgs_runner
-    from omni_cli.output import pcm16
 
     runner = _tiny_runner()
     rng = np.random.default_rng(0)
@@ -189,8 +202,8 @@ def test_batched_codec_pads_rows_to_shared_shapes_and_sounds_as_if_alone(monkeyp
     alone = [runner.decode_audio([t], batched=False)[0] for t in tokens]
     assert len(batched[-1]) == 0 == len(alone[-1])
     for got, want in zip(batched[:-1], alone[:-1]):
-        assert got.shape == want.shape
-        assert np.abs(pcm16(got).astype(np.int32) - pcm16(want)).max() <= 1
+        assert got.shape == want.shape and got.dtype == want.dtype == np.int16
+        assert np.abs(got.astype(np.int32) - want).max() <= 1
 
 
 def test_codec_calls_after_the_loop_hold_more_rows_and_sound_the_same(monkeypatch):
@@ -199,7 +212,6 @@ def test_codec_calls_after_the_loop_hold_more_rows_and_sound_the_same(monkeypatc
     row's audio stays its own, and the warm-up decodes at every batch either kind of call
     takes, the drain's padded last call included."""
     import runners.higgs_audio_v2.runner as higgs_runner
-    from omni_cli.output import pcm16
 
     runner = _tiny_runner()
     rng = np.random.default_rng(2)
@@ -219,7 +231,7 @@ def test_codec_calls_after_the_loop_hold_more_rows_and_sound_the_same(monkeypatc
     assert runner.codec_rows_per_call(40, drain=True) == 4 and runner.codec_rows_per_call(40) == 3
     for got, want in zip(drained, during):
         assert got.shape == want.shape
-        assert np.abs(pcm16(got).astype(np.int32) - pcm16(want)).max() <= 1
+        assert np.abs(got.astype(np.int32) - want).max() <= 1
     for slots, beside, drain in ((3, [1, 2, 3], [4]), (1, [1], []), (8, [1, 2, 3], [4])):
         calls.clear()
         runner.warm_codec(40, rows=slots, batched=True)
@@ -293,7 +305,7 @@ def test_a_codec_call_that_fails_after_others_are_queued_keeps_the_rows_before_i
     got = list(decode_rows(runner, tokens, batched=True))
     assert sorted(i for i, _ in got) == list(range(7)) and calls[failing - 1][1]
     for i, w in got:  # the first call's rows as batched, the rest decoded alone: a conv's rounding
-        np.testing.assert_allclose(w, want[i], rtol=0, atol=1e-6)
+        assert np.abs(w.astype(np.int32) - want[i]).max() <= 1
 
 
 def test_a_codec_batch_that_fails_is_retried_row_by_row(monkeypatch):

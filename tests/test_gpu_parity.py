@@ -169,7 +169,7 @@ def test_greedy_codes_match_transformers_for_50_frames(models, teacher_forced):
         codes, raw, scores = _greedy(oracle, p)
         peer_codes, _, _ = _greedy(peer, p)
         n = min(FRAMES, len(codes), len(r.frames))
-        got = torch.from_numpy(np.stack(r.frames)[:n])
+        got = torch.from_numpy(r.frames.array[:n])
         differ = (got != codes[:n]).any(dim=1).nonzero()
         first = int(differ[0]) if len(differ) else None
         m = min(n, len(peer_codes))  # the peer may stop early once it has left the oracle

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from omni_cli.params import SamplingParams
-from omni_cli.scheduler import Request, Scheduler, SlotPool, Status, stacked
+from omni_cli.scheduler import FrameBuffer, Request, Scheduler, SlotPool, Status
 
 
 def _req(i: int, prompt_len: int, frames: int) -> Request:
@@ -127,12 +127,32 @@ def test_admission_waits_for_an_eighth_of_the_slots():
     assert [rids for _, rids in trace[5:first_refill]] == [[f"r{i}" for i in range(1, 16)]]
 
 
-def test_stacked_entries_equal_numpy_stack():
-    """A request's per-frame entries stacked in one concatenate: np.stack's array, dtype and shape
-    included, for codes, logprobs and a single frame."""
+def test_frame_buffer_holds_what_numpy_stack_of_the_entries_holds():
+    """A request's per-frame entries, appended one at a time (past the first capacity, so the
+    buffer grows, and at every length on the way), read back as np.stack of the same entries:
+    values, dtype and shape; an entry of another dtype is cast as numpy casts on assignment."""
     rng = np.random.default_rng(0)
-    for entries in ([rng.integers(0, 1026, 8) for _ in range(207)],
-                    [rng.standard_normal(8).astype(np.float32) for _ in range(5)],
-                    [np.arange(3)]):
-        got, want = stacked(entries), np.stack(entries)
-        assert got.dtype == want.dtype and got.shape == want.shape and np.array_equal(got, want)
+    for dtype, entries in ((np.int64, [rng.integers(0, 1026, 8) for _ in range(2 * FrameBuffer.FIRST_CAPACITY + 7)]),
+                           (np.float32, [rng.standard_normal(8).astype(np.float32) for _ in range(5)]),
+                           (np.int64, [rng.integers(0, 1026, 8).astype(np.float32) for _ in range(3)])):
+        buf = FrameBuffer(dtype)
+        assert len(buf) == 0 and buf.array.shape[0] == 0
+        for n, e in enumerate(entries, 1):
+            buf.append(e)
+            want = np.stack(entries[:n]).astype(dtype)
+            got = buf.array
+            assert len(buf) == n and got.dtype == want.dtype and got.shape == want.shape and np.array_equal(got, want)
+
+
+def test_released_frames_are_gone_and_refuse_more():
+    """After its files are written a request drops its frames: reading or appending them then
+    raises instead of handing out stale or partial rows."""
+    req = Request(rid="r", prompt_ids=[1], params=SamplingParams(), seed=0)
+    req.frames.append(np.zeros(8, dtype=np.int64))
+    req.logprobs.append(np.zeros(8, dtype=np.float32))
+    req.release()
+    for entries in (req.frames, req.logprobs, req.raw_logprobs):
+        with pytest.raises(RuntimeError, match="released"):
+            entries.array
+        with pytest.raises(RuntimeError, match="released"):
+            entries.append(np.zeros(8))

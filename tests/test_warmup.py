@@ -43,8 +43,8 @@ def test_warm_up_reaches_every_bucket_and_changes_no_output(tmp_path, eos_ckpt, 
     got, want = _run(warmed, prompts, config, async_decode), _run(cold, prompts, config, async_decode)
     for a, b in zip(got, want):
         assert a.finish_reason == b.finish_reason
-        np.testing.assert_array_equal(np.stack(a.frames), np.stack(b.frames))
-        np.testing.assert_array_equal(np.stack(a.logprobs), np.stack(b.logprobs))
-    tokens = [np.stack(r.frames) for r in got]
+        np.testing.assert_array_equal(a.frames.array, b.frames.array)
+        np.testing.assert_array_equal(a.logprobs.array, b.logprobs.array)
+    tokens = [r.frames.array for r in got]
     for a, b in zip(warmed.decode_audio(tokens, batched=False), cold.decode_audio(tokens, batched=False)):
         np.testing.assert_array_equal(a, b)

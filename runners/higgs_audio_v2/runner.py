@@ -25,6 +25,7 @@ import numpy as np
 import torch
 
 from runners.attention import fused_kernels_available
+from runners.audio import pcm16
 from runners.base import BatchResult, ModelRunner, StepCollect
 from runners.codec_graphs import CodecGraphs
 from runners.device import empty_cache, host_buffer, new_event
@@ -220,19 +221,26 @@ class HiggsRunner(ModelRunner):
         frame on, revert the delay pattern (codebook k read k frames later), and
         clip stream tokens into the code range. T' = T_inner - C + 1, or 0.
         """
+        first, n = self._codec_span(tokens)
+        codes = np.zeros((n, self.num_streams), dtype=np.int64)
+        self._revert_into(codes.T, tokens, first, n)
+        return codes
+
+    def _codec_span(self, tokens: np.ndarray) -> tuple[int, int]:
+        """(first, n) for generated frames [T, C]: the inner frames (after the last all-BOS frame,
+        before the first all-EOS one after it) start at `first`, and give n codec frames."""
         bos, eos = self.cfg.audio_stream_bos_id, self.cfg.audio_stream_eos_id
-        c = self.num_streams
         all_bos = np.flatnonzero((tokens == bos).all(axis=1))
         start = int(all_bos[-1]) if all_bos.size else 0
-        body = tokens[start:]
-        all_eos = np.flatnonzero((body == eos).all(axis=1))
-        end = int(all_eos[0]) if all_eos.size else len(body)
-        inner = body[1:end]
-        n = len(inner) - c + 1
-        if n <= 0:
-            return np.zeros((0, c), dtype=np.int64)
-        reverted = np.stack([inner[k: k + n, k] for k in range(c)], axis=1)
-        return np.clip(reverted, 0, bos - 1)
+        all_eos = np.flatnonzero((tokens[start:] == eos).all(axis=1))
+        end = start + (int(all_eos[0]) if all_eos.size else len(tokens) - start)
+        return start + 1, max(end - start - 1 - self.num_streams + 1, 0)
+
+    def _revert_into(self, out: np.ndarray, tokens: np.ndarray, first: int, n: int) -> None:
+        """out [C, >= n] int64: codebook k's codes are tokens[first + k : first + k + n, k] (the
+        delay pattern reverted), clipped into the code range; written in place."""
+        for k in range(self.num_streams):
+            np.clip(tokens[first + k: first + k + n, k], 0, self.cfg.audio_stream_bos_id - 1, out=out[k, :n])
 
     def _codec_stream(self):
         if self.device.type != "cuda":
@@ -290,8 +298,8 @@ class HiggsRunner(ModelRunner):
             empty_cache()  # the KV budget keeps room for the calls beside the loop only
 
     def decode_audio(self, tokens: list[np.ndarray], batched: bool, drain: bool = False) -> list[np.ndarray]:
-        """Generated frames, [T, C] per request -> waveforms, float32 [samples] each at
-        ``sample_rate``: every call of decode_audio_calls, gathered in row order."""
+        """Generated frames, [T, C] per request -> their audio, int16 samples [samples] each at
+        ``sample_rate`` (runners/audio.py): every call of decode_audio_calls, gathered in row order."""
         audio: list[np.ndarray | None] = [None] * len(tokens)
         for rows, waves in self.decode_audio_calls(tokens, batched, drain):
             for i, wave in zip(rows, waves):
@@ -300,7 +308,7 @@ class HiggsRunner(ModelRunner):
 
     @torch.inference_mode()
     def decode_audio_calls(self, tokens: list[np.ndarray], batched: bool, drain: bool = False):
-        """Yields (row indices, their waveforms) per codec call, as each call completes, so the
+        """Yields (row indices, their audio: int16 samples) per codec call, as each call completes, so the
         caller can write those rows while later calls run; rows without codes come first.
 
         Runs on the caller's thread (omni generate's codec thread); on CUDA on
@@ -315,20 +323,22 @@ class HiggsRunner(ModelRunner):
         most CODEC_BATCH_FRAMES codec frames (CODEC_DRAIN_FRAMES with ``drain``,
         when the caller's decode loop has stopped and memory allows), and one
         batch runs at a time: the KV budget keeps room for one (__init__.py: _kv_slots)."""
-        codes = [self.codes_for_codec(t) for t in tokens]
-        empty = [i for i, c in enumerate(codes) if len(c) == 0]
+        # where each row's codes are (its delay pattern is reverted call by call, as each call's
+        # input is filled: the first call of a 256-row wave starts sooner)
+        spans = [self._codec_span(t) for t in tokens]
+        empty = [i for i, (_, n) in enumerate(spans) if n == 0]
         if empty:
-            yield empty, [np.zeros(0, dtype=np.float32) for _ in empty]
-        todo = [i for i, c in enumerate(codes) if len(c)]
+            yield empty, [np.zeros(0, dtype=np.int16) for _ in empty]
+        todo = [i for i, (_, n) in enumerate(spans) if n]
         with self._codec_stream():
             if not batched:
                 for i in todo:
-                    codes_gpu = torch.from_numpy(codes[i].T.copy())[None].to(self.device)  # [1, C, T']
-                    yield [i], [self.codec.decode(codes_gpu)[0].cpu().numpy()]  # waits for this stream only
+                    codes_gpu = torch.from_numpy(self.codes_for_codec(tokens[i]).T.copy())[None].to(self.device)
+                    yield [i], [self._decode_pcm16(codes_gpu)[0].cpu().numpy()]  # waits for this stream only
                 return
             buckets: dict[int, list[int]] = {}
             for i in todo:
-                buckets.setdefault(_length_bucket(len(codes[i])), []).append(i)
+                buckets.setdefault(_length_bucket(spans[i][1]), []).append(i)
             # Calls ahead: calls k+1..k+CODEC_CALLS_AHEAD are queued before call k's audio is
             # collected, so the GPU runs them while this thread copies k's rows out and hands
             # them to the writers, whose encoding holds the GIL this thread then waits for.
@@ -346,8 +356,8 @@ class HiggsRunner(ModelRunner):
                     padded = np.zeros((batch, self.num_streams, length), dtype=np.int64)  # [B, C, T bucket]
                     lengths = np.zeros(batch, dtype=np.int64)  # padding rows: length 0, all masked
                     for j, i in enumerate(chunk):
-                        padded[j, :, : len(codes[i])] = codes[i].T
-                        lengths[j] = len(codes[i])
+                        self._revert_into(padded[j], tokens[i], *spans[i])
+                        lengths[j] = spans[i][1]
                     try:
                         queued.append((chunk, lengths, *self._launch_codec(padded, lengths,
                                                                           calls % (CODEC_CALLS_AHEAD + 1))))
@@ -361,10 +371,14 @@ class HiggsRunner(ModelRunner):
             while queued:
                 yield self._collect_codec(*queued.popleft())
 
+    def _decode_pcm16(self, codes_gpu: torch.Tensor, lengths_gpu: torch.Tensor | None = None) -> torch.Tensor:
+        """codes [B, C, T] (lengths [B]: codec.decode's) -> the files' samples [B, T * hop] int16, on the device."""
+        return pcm16(self.codec.decode(codes_gpu, lengths_gpu))
+
     def _launch_codec(self, padded: np.ndarray, lengths: np.ndarray, slot: int):
         """Queues one batched codec call (a CUDA graph from a shape's second call on) and the
-        copy of its audio into this thread's host buffer `slot`. Returns (host audio
-        [B, samples], the copy's event).
+        copy of its samples into this thread's host buffer `slot`. Returns (host samples
+        [B, samples] int16, the copy's event).
 
         CODEC_CALLS_AHEAD + 1 buffers each way, used by calls in turn: a call's inputs go
         through pinned memory, so their copies queue behind the calls before it instead of the
@@ -373,7 +387,7 @@ class HiggsRunner(ModelRunner):
         local = self._codec_local
         if not hasattr(local, "graphs"):
             slots = CODEC_CALLS_AHEAD + 1
-            local.graphs = CodecGraphs(self.codec, self.device)
+            local.graphs = CodecGraphs(self._decode_pcm16, self.device)
             local.inputs, local.hosts = [None] * slots, [None] * slots
         n = padded.size + lengths.size
         if local.inputs[slot] is None or local.inputs[slot].numel() < n:
@@ -383,9 +397,9 @@ class HiggsRunner(ModelRunner):
         codes_host.numpy()[...] = padded
         lengths_host.numpy()[...] = lengths
         with self._codec_lock:
-            wave_gpu = local.graphs(codes_host, lengths_host)  # [B, samples] float32; a graph's buffer: copied out next
+            wave_gpu = local.graphs(codes_host, lengths_host)  # [B, samples] int16; a graph's buffer: copied out next
         if local.hosts[slot] is None or local.hosts[slot].numel() < wave_gpu.numel():
-            local.hosts[slot] = host_buffer((wave_gpu.numel(),), torch.float32, self.device)
+            local.hosts[slot] = host_buffer((wave_gpu.numel(),), wave_gpu.dtype, self.device)
         host = local.hosts[slot][: wave_gpu.numel()].view(wave_gpu.shape)
         host.copy_(wave_gpu, non_blocking=True)
         done = new_event(self.device)

@@ -115,11 +115,16 @@ class OutputWriter:
         return [(audio_rel, audio_bytes), (npz_rel, encoded.getbuffer())], record
 
     def publish(self, rel: str, data) -> None:
-        """One file under out, whole or not at all: written under a hidden partial name, then renamed."""
+        """One file under out, whole or not at all: written under a hidden partial name, then
+        renamed; a partial file whose write or rename failed is removed."""
         path = self.out / rel
         tmp = path.with_name(f".{path.stem}.partial{path.suffix}")
-        tmp.write_bytes(data)
-        os.replace(tmp, path)
+        try:
+            tmp.write_bytes(data)
+            os.replace(tmp, path)
+        except OSError:
+            tmp.unlink(missing_ok=True)
+            raise
 
     def write_failed(self, row: int, rid: str, text: str, error: str, status: str = "failed") -> None:
         # file_name is where the audio would be, so the manifest still loads as an

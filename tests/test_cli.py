@@ -79,29 +79,22 @@ def test_flac_and_stdin(tmp_path):
 
 
 def test_a_row_whose_files_cannot_be_written_fails_alone(tmp_path, monkeypatch):
-    """A write error fails its row only; every row's frames are dropped once, after its files
-    were written or failed (a long run keeps its Requests, not their frames)."""
-    from pathlib import Path
-
+    """A row whose file cannot be written (its wav's name is taken by a folder) fails alone, its
+    partial file removed; every row's frames are dropped once, after its files were written or
+    failed (a long run keeps its Requests, not their frames)."""
     from omni_cli.scheduler import Request
 
     released, real_release = [], Request.release
     monkeypatch.setattr(Request, "release", lambda self: (released.append(self.rid), real_release(self))[1])
-    real_write = Path.write_bytes
-
-    def write(path, data):
-        if ".b.partial" in str(path):
-            raise OSError(28, "No space left on device")
-        return real_write(path, data)
-
-    monkeypatch.setattr(Path, "write_bytes", write)
+    (tmp_path / "out" / "audio" / "b.wav").mkdir(parents=True)
     prompts = write_jsonl(tmp_path / "p.jsonl", [{"id": i, "text": f"row {i}"} for i in ("a", "b", "c")])
     res = run_cli("generate", prompts, "-o", tmp_path / "out", "-q", "--max-new-frames", "10")
     assert res.exit_code == 1
     m = {r["id"]: r for r in read_manifest(tmp_path / "out")}
     assert m["a"]["status"] == m["c"]["status"] == "ok"
     assert m["b"]["status"] == "failed" and "row 2: writing its outputs failed" in m["b"]["error"]
-    assert "No space left" in m["b"]["error"]
+    assert "Is a directory" in m["b"]["error"]
+    assert not [p.name for p in (tmp_path / "out").rglob("*partial*")]
     assert sorted(released) == ["a", "b", "c"]
 
 

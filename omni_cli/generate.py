@@ -190,11 +190,11 @@ def run_generate(opts: GenerateOptions) -> RunSummary:
 
         def write(req: Request, tokens: np.ndarray, samples) -> None:  # on a writer thread: one row's files
             try:
-                _write_row(req, tokens, samples)
+                write_row(req, tokens, samples)
             finally:
                 req.release()  # written or failed: a run keeps every Request to its end, not their frames
 
-        def _write_row(req: Request, tokens: np.ndarray, samples) -> None:
+        def write_row(req: Request, tokens: np.ndarray, samples) -> None:
             nonlocal ok
             row = by_rid[req.rid][0]
             if isinstance(samples, Exception):

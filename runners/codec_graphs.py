@@ -21,9 +21,9 @@ next replay overwrites: the caller copies it out on the same stream before its
 next call. An instance's graphs share one memory pool (a call's activations),
 so they run one at a time, on one stream: one instance per thread. Each
 graph's output stays allocated in that pool (up to 8 MiB: a call of
-CODEC_BATCH_FRAMES frames as int16 samples), so at most MAX_GRAPHS shapes are captured and
-the rest run eagerly: 15 more outputs than the one call the KV budget counts
-fit in its slack (runners/device.py: RUNTIME_SLACK_BYTES). A run of one
+CODEC_BATCH_FRAMES frames as int16 samples), so at most MAX_GRAPHS shapes
+are captured and the rest run eagerly: 15 more outputs than the one call the
+KV budget counts fit in its slack (runners/device.py: RUNTIME_SLACK_BYTES). A run of one
 length takes ~6 shapes (its padded batches); varied lengths a few per
 length bucket.
 """

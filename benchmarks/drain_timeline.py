@@ -35,7 +35,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks.e2e_generate import write_checkpoint, write_inputs  # noqa: E402
+from benchmarks.e2e_generate import ensure_checkpoint, write_inputs  # noqa: E402
 from benchmarks.timing import DEVICE_CATS, trace_events, write_results  # noqa: E402
 
 CODEC_MARK = "_unit_kernel"  # a kernel only the codec runs: its stream is the codec's
@@ -145,10 +145,7 @@ def main() -> None:
 
     torch.backends.cudnn.benchmark = args.cudnn_benchmark
 
-    if not (args.root / "written").exists():
-        args.root.mkdir(parents=True, exist_ok=True)
-        write_checkpoint(args.root)
-        (args.root / "written").touch()
+    ensure_checkpoint(args.root)
     cfg, prompts = write_inputs(args.root, args.rows, args.frames)
     out = args.root / "out-drain"
     shutil.rmtree(out, ignore_errors=True)

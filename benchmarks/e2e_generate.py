@@ -70,6 +70,18 @@ def write_checkpoint(root: Path) -> None:
     torch.cuda.empty_cache()
 
 
+def ensure_checkpoint(root: Path) -> None:
+    """The random checkpoint in root, written unless a complete one is there already (its
+    marker file is made last: an interrupted write is not reused)."""
+    if (root / "written").exists():
+        return
+    root.mkdir(parents=True, exist_ok=True)
+    t0 = time.perf_counter()
+    write_checkpoint(root)
+    (root / "written").touch()
+    print(f"random checkpoint written in {time.perf_counter() - t0:.1f}s", flush=True)
+
+
 def _sized_row(builder, i: int, tokens: int) -> dict:
     """Row i's text and system prompt, making a prompt of exactly `tokens` tokens (template
     included) under the checkpoint's tokenizer."""
@@ -152,11 +164,7 @@ def main() -> None:
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         root = args.root or Path(tmp)
-        if not (root / "written").exists():  # made last: an interrupted write is not reused
-            t0 = time.perf_counter()
-            write_checkpoint(root)
-            (root / "written").touch()
-            print(f"random checkpoint written in {time.perf_counter() - t0:.1f}s", flush=True)
+        ensure_checkpoint(root)
         for old in root.glob("out-*"):  # outputs of an earlier call in the same folder
             shutil.rmtree(old)
         results = []

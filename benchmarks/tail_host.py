@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import importlib
 import json
 import shutil
 import sys
@@ -31,7 +32,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks.e2e_generate import write_checkpoint, write_inputs  # noqa: E402
+from benchmarks.e2e_generate import ensure_checkpoint, write_inputs  # noqa: E402
 from benchmarks.timing import write_results  # noqa: E402
 
 # (module path, attribute path): the host steps timed, in the order they happen
@@ -48,7 +49,7 @@ STEPS = (("runners.higgs_audio_v2.runner", "HiggsRunner._codec_span"),
 def _wrap(records: list, module: str, path: str) -> None:
     """Replace module.path (a function or a class's method) with a copy that appends
     (step, thread, start, end) to records."""
-    owner = sys.modules[module] if module in sys.modules else __import__(module, fromlist=["_"])
+    owner = importlib.import_module(module)
     *outer, name = path.split(".")
     for part in outer:
         owner = getattr(owner, part)
@@ -76,10 +77,7 @@ def main() -> None:
     args = ap.parse_args()
     import omni_cli.generate as generate
 
-    if not (args.root / "written").exists():
-        args.root.mkdir(parents=True, exist_ok=True)
-        write_checkpoint(args.root)
-        (args.root / "written").touch()
+    ensure_checkpoint(args.root)
     cfg, prompts = write_inputs(args.root, args.rows, args.frames, prompt_tokens=args.prompt_tokens)
     out = args.root / "out-tail-host"
     shutil.rmtree(out, ignore_errors=True)

@@ -214,18 +214,10 @@ class HiggsRunner(ModelRunner):
         """True where a sampled entry is an audio code, not stream BOS/EOS."""
         return (tokens != self.cfg.audio_stream_bos_id) & (tokens != self.cfg.audio_stream_eos_id)
 
-    def codes_for_codec(self, tokens: np.ndarray) -> np.ndarray:
-        """Generated frames [T, C] -> codec codes [T', C], as HiggsAudioV2Processor.batch_decode.
-
-        Drop everything up to the last all-BOS frame and from the first all-EOS
-        frame on, revert the delay pattern (codebook k read k frames later), and
-        clip stream tokens into the code range. T' = T_inner - C + 1, or 0.
-        """
-        first, n = self._codec_span(tokens)
-        codes = np.zeros((n, self.num_streams), dtype=np.int64)
-        self._revert_into(codes.T, tokens, first, n)
-        return codes
-
+    # Generated frames [T, C] -> codec codes [C, T'], as HiggsAudioV2Processor.batch_decode: drop
+    # everything up to the last all-BOS frame and from the first all-EOS frame on (_codec_span),
+    # revert the delay pattern (codebook k read k frames later) and clip stream tokens into the
+    # code range (_revert_into). T' = T_inner - C + 1, or 0.
     def _codec_span(self, tokens: np.ndarray) -> tuple[int, int]:
         """(first, n) for generated frames [T, C]: the inner frames (after the last all-BOS frame,
         before the first all-EOS one after it) start at `first`, and give n codec frames."""
@@ -252,7 +244,7 @@ class HiggsRunner(ModelRunner):
     def codec_rows_per_call(self, max_new_frames: int, drain: bool = False) -> int:
         """How many rows of max_new_frames frames one batched codec call holds (``drain``: once
         the decode loop has stopped, if memory allows)."""
-        n = len(self.codes_for_codec(np.zeros((max_new_frames, self.num_streams), dtype=np.int64)))
+        n = self._codec_span(np.zeros((max_new_frames, self.num_streams), dtype=np.int64))[1]
         return self._rows_per_call(_length_bucket(max(n, 1)), drain)
 
     def _rows_per_call(self, length: int, drain: bool) -> int:
@@ -278,7 +270,7 @@ class HiggsRunner(ModelRunner):
         their length bucket; else one row at their exact length. Run it on the thread that
         will decode (cuDNN's set-up is per thread as well as per shape)."""
         frames = np.zeros((max_new_frames, self.num_streams), dtype=np.int64)  # max_new_frames - C codec frames
-        if len(self.codes_for_codec(frames)) == 0 or (drain and not batched):
+        if self._codec_span(frames)[1] == 0 or (drain and not batched):
             return
         if not batched:
             self.decode_audio([frames], batched)
@@ -333,7 +325,9 @@ class HiggsRunner(ModelRunner):
         with self._codec_stream():
             if not batched:
                 for i in todo:
-                    codes_gpu = torch.from_numpy(self.codes_for_codec(tokens[i]).T.copy())[None].to(self.device)
+                    codes = np.zeros((1, self.num_streams, spans[i][1]), dtype=np.int64)  # [1, C, T']
+                    self._revert_into(codes[0], tokens[i], *spans[i])
+                    codes_gpu = torch.from_numpy(codes).to(self.device)
                     yield [i], [self._decode_pcm16(codes_gpu)[0].cpu().numpy()]  # waits for this stream only
                 return
             buckets: dict[int, list[int]] = {}

@@ -142,22 +142,27 @@ def run_generate(opts: GenerateOptions) -> RunSummary:
     by_rid: dict[str, tuple] = {}
     by_system: dict[str, str] = {}
     rejected: list[tuple] = []  # (row, error): rows that never reach the scheduler
+    rendered: list[tuple] = []  # (row, its system prompt, its sampling params, its prompt's text)
     for r in rows:
         if r.error is not None:
             rejected.append((r, r.error))
             continue
         system = r.system if r.system is not None else config.system_prompt
         try:
-            req = _request(r, system, base_params, prompt_builder, opts.seed)
-            try:
-                scheduler.add(req)
-            except ValueError as e:
-                raise RowError(r.row, "max_new_frames", str(e)) from None
+            rendered.append((r, system, *_render(r, system, base_params, prompt_builder)))
         except RowError as e:
             rejected.append((r, str(e)))
+    # tokenized at once (on the machine's cores, outside the GIL), then queued in row order
+    for (r, system, params, _), prompt_ids in zip(rendered, prompt_builder.encode_all([x[3] for x in rendered])):
+        req = Request(rid=r.id, prompt_ids=prompt_ids, params=params, seed=row_seed(r.seed, opts.seed, r.id))
+        try:
+            scheduler.add(req)
+        except ValueError as e:
+            rejected.append((r, str(RowError(r.row, "max_new_frames", str(e)))))
             continue
         by_rid[r.id] = (r, req)
         by_system[r.id] = system
+    rejected.sort(key=lambda x: x[0].row)
 
     t_warm = time.perf_counter()
     if device.type == "cuda" and scheduler.waiting:  # the CPU has no first-use costs worth a warm-up
@@ -314,19 +319,18 @@ def run_generate(opts: GenerateOptions) -> RunSummary:
     return RunSummary(total=len(rows), ok=ok, failed=failed, interrupted=interrupted)
 
 
-def _request(r, system: str, base_params, prompt_builder, run_seed: int | None) -> Request:
-    """One valid prompt row as a request; a RowError names the row and field otherwise."""
+def _render(r, system: str, base_params, prompt_builder) -> tuple:
+    """One valid prompt row's (sampling params, prompt text); a RowError names the row and field otherwise."""
     params = base_params.with_overrides(**r.overrides)
     try:
         params.check_consistent()
     except ValueError as e:
         raise RowError(r.row, "min_new_frames", str(e)) from None
     try:
-        prompt_ids = prompt_builder.build(r.text, system, r.scene)
+        return params, prompt_builder.render(r.text, system, r.scene)
     except ValueError as e:
         field, message = e.args
         raise RowError(r.row, field, message) from None
-    return Request(rid=r.id, prompt_ids=prompt_ids, params=params, seed=row_seed(r.seed, run_seed, r.id))
 
 
 def _warm_up(runner, template: Request, config, codec_thread, batch_codec: bool) -> None:

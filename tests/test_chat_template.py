@@ -62,11 +62,14 @@ def _folder(tmp_path, template: str | None, **config_changes):
 def test_render_and_ids_equal_transformers(tmp_path, name, generation_prompt):
     folder = _folder(tmp_path, TEMPLATES[name])
     ours, ref = ChatTokenizer(folder), AutoTokenizer.from_pretrained(str(folder))
+    rendered, want_ids = [], []
     for conv in CONVERSATIONS:
         want = ref.apply_chat_template(conv, add_generation_prompt=generation_prompt, tokenize=False)
         got = ours.render(conv, add_generation_prompt=generation_prompt)
         assert got == want
-        assert ours.encode(got) == ref(want, add_special_tokens=False)["input_ids"]
+        want_ids.append(ref(want, add_special_tokens=False)["input_ids"])
+        rendered.append(got)
+    assert ours.encode_batch(rendered) == want_ids  # row by row, in one batch
     assert ours.specials == set(ref.all_special_tokens) | {str(t) for t in ref.added_tokens_decoder.values()}
 
 
@@ -100,16 +103,19 @@ def test_missing_template_and_unknown_special_tokens_are_errors(tmp_path):
         ChatTokenizer(_folder(tmp_path, "{% for %}"))
 
 
-def test_truncation_saved_in_tokenizer_json_is_off_as_in_transformers(tmp_path):
+def test_truncation_and_padding_saved_in_tokenizer_json_are_off_as_in_transformers(tmp_path):
     from tokenizers import Tokenizer
 
     folder = _folder(tmp_path, TEMPLATES["shipped"])
     tok = Tokenizer.from_file(str(folder / "tokenizer.json"))
     tok.enable_truncation(4)
+    tok.enable_padding()  # a batch would be padded to its longest text
     tok.save(str(folder / "tokenizer.json"))
-    text = ChatTokenizer(folder).render(CONVERSATIONS[1], add_generation_prompt=True)
-    want = AutoTokenizer.from_pretrained(str(folder))(text, add_special_tokens=False)["input_ids"]
-    assert len(want) > 4 and ChatTokenizer(folder).encode(text) == want
+    texts = [ChatTokenizer(folder).render(c, add_generation_prompt=True) for c in CONVERSATIONS[:2]]
+    ref = AutoTokenizer.from_pretrained(str(folder))
+    want = [ref(t, add_special_tokens=False)["input_ids"] for t in texts]
+    assert len(want[0]) != len(want[1]) and min(map(len, want)) > 4
+    assert ChatTokenizer(folder).encode_batch(texts) == want
 
 
 def test_legacy_special_tokens_map_feeds_the_template_as_in_transformers(tmp_path):

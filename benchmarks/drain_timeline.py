@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import shutil
 import sys
 import threading
 import time
@@ -35,7 +34,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks.e2e_generate import ensure_checkpoint, write_inputs  # noqa: E402
+from benchmarks.e2e_generate import add_one_wave_args, one_wave_options  # noqa: E402
 from benchmarks.timing import DEVICE_CATS, trace_events, write_results  # noqa: E402
 
 CODEC_MARK = "_unit_kernel"  # a kernel only the codec runs: its stream is the codec's
@@ -131,29 +130,21 @@ def _alone(root: Path, rows: int, calls: int) -> tuple[dict, list[dict]]:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--rows", type=int, default=256)
-    ap.add_argument("--batch", type=int, default=256)
-    ap.add_argument("--frames", type=int, default=200)
+    add_one_wave_args(ap)
     ap.add_argument("--drain-rows", type=int, default=32, help="rows per codec call at the drain (alone)")
     ap.add_argument("--top", type=int, default=16)
     ap.add_argument("--cudnn-benchmark", action="store_true",
                     help="cuDNN's benchmark mode (it times the candidates for each new shape) for the whole process")
-    ap.add_argument("--root", type=Path, required=True, help="the checkpoint's folder (written if not there)")
     ap.add_argument("--out", type=Path, default=Path("drain_timeline.json"))
     args = ap.parse_args()
-    from omni_cli.generate import GenerateOptions, run_generate
+    from omni_cli.generate import run_generate
 
     torch.backends.cudnn.benchmark = args.cudnn_benchmark
 
-    ensure_checkpoint(args.root)
-    cfg, prompts = write_inputs(args.root, args.rows, args.frames)
-    out = args.root / "out-drain"
-    shutil.rmtree(out, ignore_errors=True)
-    opts = GenerateOptions(prompts=str(prompts), out=out, model=str(cfg), seed=1, max_batch_size=args.batch,
-                           max_new_frames=args.frames, min_new_frames=args.frames, async_decode=True, quiet=True)
+    opts = one_wave_options(args.root, "drain", args.rows, args.batch, args.frames)
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
         run_generate(opts)
-    timings = json.loads((out / "run.json").read_text())["timings"]
+    timings = json.loads((opts.out / "run.json").read_text())["timings"]
     results = {"in_situ": {**_analyse(_trace(prof), True, args.top),
                            **{k: timings[k] for k in ("generate_s", "loop_s", "write_tail_s", "codec_calls",
                                                       "codec_s")}}}

@@ -25,7 +25,6 @@ import argparse
 import functools
 import importlib
 import json
-import shutil
 import sys
 import threading
 import time
@@ -34,7 +33,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks.e2e_generate import ensure_checkpoint, write_inputs  # noqa: E402
+from benchmarks.e2e_generate import add_one_wave_args, one_wave_options  # noqa: E402
 from benchmarks.timing import write_results  # noqa: E402
 
 # (module path, attribute path): the host steps timed, in the order they happen
@@ -70,11 +69,8 @@ def _wrap(records: list, module: str, path: str) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--rows", type=int, default=256)
-    ap.add_argument("--batch", type=int, default=256)
-    ap.add_argument("--frames", type=int, default=200)
+    add_one_wave_args(ap)
     ap.add_argument("--prompt-tokens", type=int, default=64, help="as e2e_generate.py's (0: one sentence a row)")
-    ap.add_argument("--root", type=Path, required=True, help="the checkpoint's folder (written if not there)")
     ap.add_argument("--writer-threads", type=int, default=None,
                     help="run with this many writer threads instead of omni_cli/generate.py's WRITER_THREADS")
     ap.add_argument("--out", type=Path, default=Path("tail_host.json"))
@@ -83,19 +79,13 @@ def main() -> None:
 
     if args.writer_threads:
         generate.WRITER_THREADS = args.writer_threads
-    ensure_checkpoint(args.root)
-    cfg, prompts = write_inputs(args.root, args.rows, args.frames, prompt_tokens=args.prompt_tokens)
-    out = args.root / "out-tail-host"
-    shutil.rmtree(out, ignore_errors=True)
+    opts = one_wave_options(args.root, "tail-host", args.rows, args.batch, args.frames, args.prompt_tokens)
     records: list[tuple] = []
     for module, path in STEPS:
         _wrap(records, module, path)
     _wrap(records, "omni_cli.generate", "run_loop")  # its end is the tail's start
-    opts = generate.GenerateOptions(prompts=str(prompts), out=out, model=str(cfg), seed=1, max_batch_size=args.batch,
-                                    max_new_frames=args.frames, min_new_frames=args.frames, async_decode=True,
-                                    quiet=True)
     generate.run_generate(opts)
-    timings = json.loads((out / "run.json").read_text())["timings"]
+    timings = json.loads((opts.out / "run.json").read_text())["timings"]
     loop_end = max(t1 for step, _, _, t1, _ in records if step == "run_loop")
     steps: dict[str, dict] = defaultdict(lambda: {"calls": 0, "ms": 0.0, "cpu_ms": 0.0, "first_ms": None,
                                                   "last_ms": None, "threads": set()})

@@ -153,7 +153,7 @@ def run_generate(opts: GenerateOptions) -> RunSummary:
         except RowError as e:
             rejected.append((r, str(e)))
     # tokenized at once (on the machine's cores, outside the GIL), then queued in row order
-    for (r, system, params, _), prompt_ids in zip(rendered, prompt_builder.encode_all([x[3] for x in rendered])):
+    for (r, system, params, _), prompt_ids in zip(rendered, prompt_builder.encode_all([text for *_, text in rendered])):
         req = Request(rid=r.id, prompt_ids=prompt_ids, params=params, seed=row_seed(r.seed, opts.seed, r.id))
         try:
             scheduler.add(req)

@@ -22,7 +22,7 @@ import triton
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks.timing import graph_us, write_results  # noqa: E402
-from runners.fused_draw import _draw_kernel  # noqa: E402
+from runners.fused_draw import _draw_kernel, blocks  # noqa: E402
 from runners.sampling import draw_rows  # noqa: E402
 
 VOCAB = 1026
@@ -38,6 +38,7 @@ def main() -> None:
     dev = torch.device("cuda")
     g = torch.Generator(device=dev).manual_seed(0)
     results = []
+    main, tail = blocks(VOCAB)
     for b in args.batch:
         r = b * 8
         scores = torch.randn(r, VOCAB, generator=g, device=dev) * 3
@@ -57,8 +58,7 @@ def main() -> None:
 
                 def call(i, w=w, tok=tok, lp=lp):
                     _draw_kernel[(r,)](scores, slots, steps, *(tables[n] for n in TABLES), tok, lp, history,
-                                       history.shape[-1], VOCAB, STREAMS=8, BLOCK=triton.next_power_of_2(VOCAB),
-                                       num_warps=w)
+                                       history.shape[-1], VOCAB, STREAMS=8, MAIN=main, TAIL=tail, num_warps=w)
 
                 us = graph_us(call, 4)
                 results.append({"batch": b, "rows": r, "top_k": top_k, "kernel": "fused", "warps": w, "us": us,

@@ -19,7 +19,11 @@ largest score whose cumulative mass from below stays <= 1 - p) are found by
 a bitwise search over the scores' order-preserving 32-bit keys, 32 counts or
 masked sums over the row each. Two sorts of the padded row (2048) made this
 kernel 0.12 / 0.34 / 1.0 ms of a step at batch 1 / 64 / 256 on the H200;
-the search takes 0.03 / 0.03 / 0.13 ms (benchmarks/draw_probe.py).
+the search took 0.03 / 0.03 / 0.13 ms over one 2048-lane block, and takes
+0.019 / 0.024 / 0.067 ms over the row as a 1024-lane block and a 2-lane one
+(``blocks``; benchmarks/draw_probe.py). The two blocks' sums are added in a
+different order than one block's, so a logprob may move by an ulp; the
+tokens were the same on every row probed.
 """
 
 from __future__ import annotations
@@ -61,66 +65,108 @@ def _key(z):
 
 
 @triton.jit
+def _noisy(lp, cols, ok, seed, pos):
+    """lp + Gumbel(murmur3(seed, pos, col)) in float64, -inf off the vocabulary."""
+    h = _murmur3((seed & 0xFFFFFFFF).to(tl.uint32), ((seed >> 32) & 0xFFFFFFFF).to(tl.uint32),
+                 (pos & 0xFFFFFFFF).to(tl.uint32), cols.to(tl.uint32))
+    log_u = tl.log(h.to(tl.float64) / 4294967295.0)
+    log_u = tl.minimum(tl.maximum(log_u, -1.7976931348623157e308), -(2.0 ** -32))
+    return tl.where(ok, lp.to(tl.float64) - tl.log(-log_u), float("-inf"))
+
+
+@triton.jit
+def _argmax2(a, b, offset_b: tl.constexpr):
+    # argmax over [a, b] as one row: a's columns first, so a tie goes to a
+    return tl.where(tl.max(a, 0) >= tl.max(b, 0), tl.argmax(a, 0), tl.argmax(b, 0) + offset_b)
+
+
+@triton.jit
 def _draw_kernel(scores_ptr, slots_ptr, steps_ptr, temp_ptr, top_k_ptr, top_p_ptr, min_p_ptr, seed_ptr, tok_ptr,
-                 lp_ptr, hist_ptr, hist_len, vocab, STREAMS: tl.constexpr, BLOCK: tl.constexpr):
+                 lp_ptr, hist_ptr, hist_len, vocab, STREAMS: tl.constexpr, MAIN: tl.constexpr, TAIL: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     # row = request * STREAMS + stream; the request's parameters live in per-slot tables
     slot = tl.load(slots_ptr + row // STREAMS)
     step = tl.load(steps_ptr + row // STREAMS)
     stream = row % STREAMS
-    cols = tl.arange(0, BLOCK)
-    ok = cols < vocab
+    # the row as two blocks, columns [0, MAIN) (_m) and [MAIN, MAIN + TAIL) (_t): every step
+    # below runs on both, every reduction adds or compares the two blocks' results
+    cm = tl.arange(0, MAIN)
+    ct = MAIN + tl.arange(0, TAIL)
+    ok_m = cm < vocab
+    ok_t = ct < vocab
     neg_inf = float("-inf")
-    s = tl.load(scores_ptr + row * vocab + cols, mask=ok, other=neg_inf).to(tl.float32)  # [BLOCK]
+    s_m = tl.load(scores_ptr + row * vocab + cm, mask=ok_m, other=neg_inf).to(tl.float32)
+    s_t = tl.load(scores_ptr + row * vocab + ct, mask=ok_t, other=neg_inf).to(tl.float32)
     t = tl.load(temp_ptr + slot)
     greedy = t <= 0
-    z = s / tl.where(greedy, 1.0, t)
+    z_m = s_m / tl.where(greedy, 1.0, t)
+    z_t = s_t / tl.where(greedy, 1.0, t)
     # top-k: keep scores >= the k-th largest. The k-th largest key is found bit
     # by bit from the top (the largest K with at least k keys >= K): 32 counts
     # over the row instead of a sort, which was most of this kernel's time.
     k = tl.load(top_k_ptr + slot)
     k = tl.where(k > 0, tl.minimum(k, vocab), vocab)
-    key = _key(z)
+    key_m, key_t = _key(z_m), _key(z_t)
     kth_key = tl.zeros((), dtype=tl.uint32)
     for bit in tl.static_range(31, -1, -1):
         cand = kth_key | (1 << bit)
-        kth_key = tl.where(tl.sum((key >= cand).to(tl.int32), 0) >= k, cand, kth_key)
-    kth = tl.max(tl.where(key == kth_key, z, neg_inf), 0)  # compared as a value: -0 == +0, as in PyTorch
-    z = tl.where(z < kth, neg_inf, z)
+        n = tl.sum((key_m >= cand).to(tl.int32), 0) + tl.sum((key_t >= cand).to(tl.int32), 0)
+        kth_key = tl.where(n >= k, cand, kth_key)
+    # compared as a value: -0 == +0, as in PyTorch
+    kth = tl.maximum(tl.max(tl.where(key_m == kth_key, z_m, neg_inf), 0),
+                     tl.max(tl.where(key_t == kth_key, z_t, neg_inf), 0))
+    z_m = tl.where(z_m < kth, neg_inf, z_m)
+    z_t = tl.where(z_t < kth, neg_inf, z_t)
     # top-p on the top-k survivors: drop the low tail whose mass is <= 1 - p,
     # never the top token. The tail is every key <= T for the largest T whose
     # mass (probabilities of keys <= T) is <= 1 - p, found bit by bit as above.
     p = tl.load(top_p_ptr + slot)
-    top = tl.max(z, 0)
-    e = tl.exp(z - top)
-    prob = e / tl.sum(e, 0)
-    key = _key(z)
+    top = tl.maximum(tl.max(z_m, 0), tl.max(z_t, 0))
+    e_m, e_t = tl.exp(z_m - top), tl.exp(z_t - top)
+    total = tl.sum(e_m, 0) + tl.sum(e_t, 0)
+    prob_m, prob_t = e_m / total, e_t / total
+    key_m, key_t = _key(z_m), _key(z_t)
     tail_key = tl.zeros((), dtype=tl.uint32)
     for bit in tl.static_range(31, -1, -1):
         cand = tail_key | (1 << bit)
-        mass = tl.sum(tl.where(key <= cand, prob, 0.0), 0)
+        mass = tl.sum(tl.where(key_m <= cand, prob_m, 0.0), 0) + tl.sum(tl.where(key_t <= cand, prob_t, 0.0), 0)
         tail_key = tl.where(mass <= 1 - p, cand, tail_key)
-    drop = (key <= tail_key) & (z < top)
-    z = tl.where(p < 1.0, tl.where(drop, neg_inf, z), z)
+    z_m = tl.where(p < 1.0, tl.where((key_m <= tail_key) & (z_m < top), neg_inf, z_m), z_m)
+    z_t = tl.where(p < 1.0, tl.where((key_t <= tail_key) & (z_t < top), neg_inf, z_t), z_t)
     # min-p: drop tokens below min_p times the top probability
     mp = tl.load(min_p_ptr + slot)
-    e2 = tl.exp(z - tl.max(z, 0))
-    z = tl.where(e2 < mp * tl.max(e2, 0), neg_inf, z)
-    proc = tl.where(greedy, s, z)
-    lse = tl.max(proc, 0) + tl.log(tl.sum(tl.exp(proc - tl.max(proc, 0)), 0))
-    lp = proc - lse
+    top = tl.maximum(tl.max(z_m, 0), tl.max(z_t, 0))
+    e_m, e_t = tl.exp(z_m - top), tl.exp(z_t - top)
+    e_top = tl.maximum(tl.max(e_m, 0), tl.max(e_t, 0))
+    z_m = tl.where(e_m < mp * e_top, neg_inf, z_m)
+    z_t = tl.where(e_t < mp * e_top, neg_inf, z_t)
+    proc_m, proc_t = tl.where(greedy, s_m, z_m), tl.where(greedy, s_t, z_t)
+    top = tl.maximum(tl.max(proc_m, 0), tl.max(proc_t, 0))
+    lse = top + tl.log(tl.sum(tl.exp(proc_m - top), 0) + tl.sum(tl.exp(proc_t - top), 0))
+    lp_m, lp_t = proc_m - lse, proc_t - lse
     # the seeded draw: argmax(logprobs + Gumbel noise) in float64
     seed = tl.load(seed_ptr + slot)
     pos = step * STREAMS + stream  # the draw position, as sglang-omni's Higgs runner
-    h = _murmur3((seed & 0xFFFFFFFF).to(tl.uint32), ((seed >> 32) & 0xFFFFFFFF).to(tl.uint32),
-                 (pos & 0xFFFFFFFF).to(tl.uint32), cols.to(tl.uint32))
-    log_u = tl.log(h.to(tl.float64) / 4294967295.0)
-    log_u = tl.minimum(tl.maximum(log_u, -1.7976931348623157e308), -(2.0 ** -32))
-    noisy = tl.where(ok, lp.to(tl.float64) - tl.log(-log_u), float("-inf"))
-    tok = tl.where(greedy, tl.argmax(proc, 0), tl.argmax(noisy, 0))
+    drawn = _argmax2(_noisy(lp_m, cm, ok_m, seed, pos), _noisy(lp_t, ct, ok_t, seed, pos), MAIN)
+    tok = tl.where(greedy, _argmax2(proc_m, proc_t, MAIN), drawn)
     tl.store(tok_ptr + row, tok.to(tl.int64))
-    tl.store(lp_ptr + row, tl.sum(tl.where(cols == tok, lp, 0.0), 0))
+    tl.store(lp_ptr + row, tl.sum(tl.where(cm == tok, lp_m, 0.0), 0) + tl.sum(tl.where(ct == tok, lp_t, 0.0), 0))
     tl.store(hist_ptr + (slot * STREAMS + stream) * hist_len + step, tok.to(tl.int64))
+
+
+def blocks(vocab: int) -> tuple[int, int]:
+    """A row's two blocks: the largest power of two within the vocabulary and a power of two for
+    the rest (one masked lane when there is none). 1026 -> (1024, 2): one block of 2048 lanes
+    had half of them padding."""
+    main = 1 << (vocab.bit_length() - 1)
+    return main, triton.next_power_of_2(max(vocab - main, 1))
+
+
+def warps(rows: int) -> int:
+    """Warps per row, by the rows of a call: 8 while they fit the SMs, fewer as they queue
+    (18.5 / 23.9 / 66.5 us at 8 / 512 / 2048 rows of 1026 at 8 / 4 / 2 warps, against 28.8 /
+    30.9 / 85.6 at 2 / 2 / 4; benchmarks/draw_probe.py, H200)."""
+    return 8 if rows <= 128 else 4 if rows <= 1024 else 2
 
 
 def fused_draw_rows(scores: torch.Tensor, slots: torch.Tensor, steps: torch.Tensor, tables: dict[str, torch.Tensor],
@@ -129,9 +175,8 @@ def fused_draw_rows(scores: torch.Tensor, slots: torch.Tensor, steps: torch.Tens
     r, v = scores.shape
     tokens = torch.empty(r, dtype=torch.int64, device=scores.device)
     logprobs = torch.empty(r, dtype=torch.float32, device=scores.device)
-    # 8 warps while there are fewer rows than SMs: 20.6 against 28.2 us at 8 rows,
-    # 35.2 against 32.1 at 512 (benchmarks/draw_probe.py, H200)
+    main, tail = blocks(v)
     _draw_kernel[(r,)](scores.contiguous(), slots, steps, tables["temperature"], tables["top_k"], tables["top_p"],
                        tables["min_p"], tables["seed"], tokens, logprobs, history, history.shape[-1], v,
-                       STREAMS=streams, BLOCK=triton.next_power_of_2(v), num_warps=8 if r <= 128 else 4)
+                       STREAMS=streams, MAIN=main, TAIL=tail, num_warps=warps(r))
     return tokens, logprobs

@@ -1,7 +1,7 @@
 """The fused CUDA draw (runners/fused_draw.py) against sampling.draw, in Triton's CPU interpreter.
 
 Run as a subprocess by tests/test_decode_attention.py with TRITON_INTERPRET=1.
-Random float32 scores over the Higgs vocabulary (some masked to -inf, as the
+Random float32 scores over the Higgs vocabulary and two others (some masked to -inf, as the
 delay pattern does; in a third of the rows integers, so that top-k cuts
 through ties), every combination of greedy / temperature, top-k, top-p and
 min-p, seeds past 2^32 (the hash's high word) and varied positions:
@@ -21,12 +21,11 @@ import torch
 from tests.interpret_decode_attention import _patch_interpreter_scalars
 
 
-def _case(g: torch.Generator, streams: int, fused_draw_rows, draw_rows) -> bool:
+def _case(g: torch.Generator, streams: int, vocab: int, fused_draw_rows, draw_rows) -> bool:
     """Rows of requests of `streams` rows each; a request's parameters sit at a shuffled slot."""
     grid = list(itertools.product([0.0, 0.7, 1.3], [0, 1, 50], [1.0, 0.9, 0.5], [0.0, 0.05]))
     n_req = len(grid) * 2 // streams
     rows = n_req * streams
-    vocab = 1026  # the Higgs codebook (1024 codes, stream BOS, EOS): not a power of two
     scores = torch.randn(rows, vocab, generator=g) * 3
     scores[::5, vocab - 2] = float("-inf")  # a forced-away stream token
     scores[1::7, : vocab - 2] = float("-inf")  # a forced stream token: one finite score
@@ -51,7 +50,7 @@ def _case(g: torch.Generator, streams: int, fused_draw_rows, draw_rows) -> bool:
     bad = (want_tok != got_tok).nonzero()[:, 0].tolist()
     lp_err = (want_lp - got_lp).abs().max().item()
     same_history = torch.equal(hist_want, hist_got) and int((hist_got >= 0).sum()) == rows
-    print(f"{n_req} requests x {streams} rows: {len(bad)} tokens differ {bad[:5]}, "
+    print(f"{n_req} requests x {streams} rows of {vocab}: {len(bad)} tokens differ {bad[:5]}, "
           f"max logprob difference {lp_err:.2e}, history {'same' if same_history else 'DIFFERS'}")
     return not bad and lp_err < 1e-5 and same_history
 
@@ -62,7 +61,10 @@ def main() -> int:
     from runners.sampling import draw_rows
 
     g = torch.Generator().manual_seed(0)
-    ok = [_case(g, streams, fused_draw_rows, draw_rows) for streams in (1, 8)]
+    # the Higgs codebook (1024 codes, stream BOS, EOS): a 1024-lane block and a 2-lane one; a power
+    # of two (the second block one masked lane); a short row whose two blocks are 32 and 8 lanes
+    cases = [(1, 1026), (8, 1026), (8, 1024), (1, 37)]
+    ok = [_case(g, streams, vocab, fused_draw_rows, draw_rows) for streams, vocab in cases]
     return 0 if all(ok) else 1
 
 

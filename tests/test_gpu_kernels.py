@@ -1,0 +1,132 @@
+"""GPU tests of single kernels against a reference (the PyTorch path, float64, cuBLAS): skipped
+where there is no CUDA device (CI), run on the device machine. The tests that run the model or
+the command are in tests/test_gpu.py."""
+
+from __future__ import annotations
+
+import pytest
+
+pytestmark = pytest.mark.gpu
+
+
+def test_fused_draw_matches_the_pytorch_draw_on_cuda():
+    """The one-kernel draw against sampling.draw_rows at the real vocabulary, on CUDA: tokens,
+    logprobs and the history it writes, with parameters read from per-slot tables."""
+    import itertools
+
+    import torch
+
+    from runners.fused_draw import fused_draw_rows
+    from runners.sampling import draw_rows
+
+    dev = torch.device("cuda")
+    g = torch.Generator(device=dev).manual_seed(0)
+    grid = list(itertools.product([0.0, 0.7, 1.0, 1.3], [0, 1, 50], [1.0, 0.95, 0.5], [0.0, 0.05]))
+    n_req, c = len(grid) * 3, 8
+    scores = torch.randn(n_req * c, 1026, generator=g, device=dev) * 3
+    scores[::5, 1024] = float("-inf")
+    slots = torch.randperm(n_req + 5, generator=g, device=dev)[:n_req]
+    tables = {}
+    for j, name in enumerate(("temperature", "top_k", "top_p", "min_p")):
+        tables[name] = torch.zeros(n_req + 5, dtype=torch.int64 if name == "top_k" else torch.float32, device=dev)
+        tables[name][slots] = torch.tensor([grid[i % len(grid)][j] for i in range(n_req)], device=dev,
+                                           dtype=tables[name].dtype)
+    tables["seed"] = torch.randint(0, 2**31, (n_req + 5,), generator=g, device=dev) * 2**20
+    steps = torch.randint(0, 1000, (n_req,), generator=g, device=dev)
+    hist_want = torch.full((n_req + 5, c, 1024), -1, dtype=torch.int64, device=dev)
+    hist_got = hist_want.clone()
+    want_tok, want_lp = draw_rows(scores, slots, steps, tables, c, hist_want)
+    got_tok, got_lp = fused_draw_rows(scores, slots, steps, tables, c, hist_got)
+    assert torch.equal(got_tok, want_tok)
+    torch.testing.assert_close(got_lp, want_lp, atol=1e-5, rtol=0)
+    assert torch.equal(hist_got, hist_want)
+
+
+def test_rope_kv_write_rotates_within_bf16_rounding_and_writes_only_its_tokens_on_cuda():
+    """rope_kv_write (one program a token, every head of it, padded to a power of two) at the 3B
+    model's head counts against rope in float64 (q * cos + rotate_half(q) * sin over the float32
+    tables): queries and keys within three bf16 roundings (the tables, each product, the sum; 2^-5
+    holds them even rounded toward zero, as Triton's CPU interpreter does) of the terms' size,
+    values as they are, each at its [slot, :, position]; nothing else in the
+    cache changes."""
+    import torch
+
+    from runners.fused_ops import rope_kv_write
+
+    dev, bf16 = torch.device("cuda"), torch.bfloat16
+    h, kvh, d, max_len, n_slots, n = 24, 8, 128, 64, 12, 301
+    g = torch.Generator(device=dev).manual_seed(0)
+    cos, sin = (torch.rand(max_len, d, generator=g, device=dev) * 2 - 1 for _ in range(2))
+    qkv = torch.randn(n, (h + 2 * kvh) * d, generator=g, device=dev).to(bf16)
+    idx = torch.randperm(n, generator=g, device=dev)
+    slots, positions = idx % n_slots, idx // n_slots  # every (slot, position) once, out of order
+    caches = [torch.randn(n_slots, kvh, max_len, d, generator=g, device=dev).to(bf16) for _ in range(2)]
+    want_k, want_v = (c.clone() for c in caches)
+    q = rope_kv_write(qkv, cos, sin, positions, slots, *caches, h, kvh)
+
+    x = qkv.view(n, h + 2 * kvh, d)
+    xd, c, s = x[:, : h + kvh].double(), cos[positions].double()[:, None], sin[positions].double()[:, None]
+    terms = (xd * c, torch.cat((-xd[..., d // 2:], xd[..., : d // 2]), -1) * s)
+    exact, size = terms[0] + terms[1], terms[0].abs() + terms[1].abs()
+    got_k = caches[0][slots, :, positions]
+    for got, want, scale in ((q[:, :, 0], exact[:, :h], size[:, :h]), (got_k, exact[:, h:], size[:, h:])):
+        assert bool(((got.double() - want).abs() <= scale * 2 ** -5).all())
+    want_k[slots, :, positions] = got_k  # the written keys checked above: nothing else may differ
+    want_v[slots, :, positions] = x[:, h + kvh:]
+    assert torch.equal(caches[0], want_k)
+    assert torch.equal(caches[1], want_v)
+
+
+def test_one_row_decode_attention_on_cuda():
+    """The one-row attention kernel (keys split over programs, merged by the last to finish,
+    launched early) against float64 attention at the 3B head shape, in bf16. Twenty calls back to
+    back per length, each with its own query: a merge that read another call's partials, or a
+    count left behind, would mix two queries' results."""
+    import torch
+
+    from runners.decode_attention import decode_attention
+
+    dev = torch.device("cuda")
+    g = torch.Generator(device=dev).manual_seed(0)
+    kvh, h, d, max_len = 8, 24, 128, 2048
+    kc, vc = (torch.randn(3, kvh, max_len, d, generator=g, device=dev).to(torch.bfloat16) for _ in range(2))
+    slot = torch.tensor([1], device=dev)
+    for n in (1, 64, 128, 129, 200, 513, 2000):  # whole rows, then 3, 4, 9 and 32 blocks split
+        lengths = torch.tensor([n], device=dev)
+        qs = [torch.randn(1, h, 1, d, generator=g, device=dev).to(torch.bfloat16) for _ in range(20)]
+        outs = [decode_attention(q, kc, vc, slot, lengths) for q in qs]
+        k = kc[1, :, :n].double().repeat_interleave(h // kvh, 0)  # [H, n, D]
+        v = vc[1, :, :n].double().repeat_interleave(h // kvh, 0)
+        for i, (q, out) in enumerate(zip(qs, outs)):
+            want = torch.softmax(q[0].double() @ k.transpose(-1, -2) * d ** -0.5, -1) @ v  # [H, 1, D]
+            err = float((out[0].double() - want).abs().max() / want.abs().max())
+            assert err < 2e-2, (n, i, err)
+
+
+def test_gate_up_kernel_is_as_close_to_exact_as_cublas_and_silu_mul_on_cuda():
+    """fused_mm.mm (gate/up with silu * up) at the 3B shape in bf16 against float64 of the same
+    inputs, at every row bucket it serves: its error is within the cuBLAS path's (F.linear, then
+    silu_mul: the ops it replaces) plus one bf16 rounding. And a row's result does not depend on
+    what the other rows of its call hold."""
+    import torch
+    import torch.nn.functional as F
+
+    from runners.fused_mm import MAX_ROWS, mm
+    from runners.fused_ops import silu_mul
+
+    dev = torch.device("cuda")
+    g = torch.Generator(device=dev).manual_seed(0)
+    n, k = 8192, 3072
+    w = (torch.randn(2 * n, k, generator=g, device=dev) / k**0.5).to(torch.bfloat16)
+    for m in (2, 8, 16, 33, MAX_ROWS):
+        x = torch.randn(m, k, generator=g, device=dev).to(torch.bfloat16)
+        xd, wd = x.double(), w.double()
+        exact = F.silu(xd @ wd[:n].T) * (xd @ wd[n:].T)
+        scale = exact.abs().max()
+        got = mm(x, w, silu_mul=True)
+        err = float((got.double() - exact).abs().max() / scale)
+        err_cublas = float((silu_mul(F.linear(x, w)).double() - exact).abs().max() / scale)
+        assert err <= err_cublas + 2**-8, (m, err, err_cublas)
+        other = torch.randn(m, k, generator=g, device=dev).to(torch.bfloat16)
+        other[0] = x[0]
+        assert torch.equal(mm(other, w, silu_mul=True)[0], got[0]), m

@@ -117,10 +117,10 @@ class AttentionContext:
         t = q.shape[2]
         keys = self.kv.k_gpu[layer][self.slots_gpu, :, :t]  # [B, KVH, T, D], a copy
         values = self.kv.v_gpu[layer][self.slots_gpu, :, :t]
-        rep = q.shape[1] // keys.shape[1]  # query head h reads KV head h // rep, as repeat_kv
-        keys, values = keys.repeat_interleave(rep, dim=1), values.repeat_interleave(rep, dim=1)
+        # query head h reads KV head h // rep (repeat_kv's order) inside the kernel: no repeated
+        # copy of the keys and values (7.5 of a 256 x 64-token prefill's 173 ms, H200)
         with sdpa_kernel(_BACKENDS):
-            return F.scaled_dot_product_attention(q, keys, values, is_causal=True)
+            return F.scaled_dot_product_attention(q, keys, values, is_causal=True, enable_gqa=True)
 
     def _fold_gqa(self, q: torch.Tensor, kvh: int) -> tuple[torch.Tensor, torch.Tensor]:
         """q [B, H, T, D] -> [B, KVH, rep * T, D] and the mask expanded to match."""

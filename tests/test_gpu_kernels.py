@@ -130,3 +130,36 @@ def test_gate_up_kernel_is_as_close_to_exact_as_cublas_and_silu_mul_on_cuda():
         other = torch.randn(m, k, generator=g, device=dev).to(torch.bfloat16)
         other[0] = x[0]
         assert torch.equal(mm(other, w, silu_mul=True)[0], got[0]), m
+
+
+def test_prefill_attention_reads_shared_kv_heads_as_repeated_ones():
+    """attend_cached_causal (each KV head shared by its query heads inside the flash kernel)
+    against causal SDPA over keys and values repeated per query head (repeat_kv, as
+    transformers runs it), bit for bit, and against float64 attention."""
+    import torch
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    from runners.attention import AttentionContext, KVCache
+
+    dev, bf16 = torch.device("cuda"), torch.bfloat16
+    h, kvh, d = 24, 8, 128  # the 3B model's heads
+    g = torch.Generator(device=dev).manual_seed(1)
+    b, t = 6, 64
+    kv = KVCache(1, b + 2, kvh, 512, d, bf16, dev)
+    kv.k_gpu[0].copy_(torch.randn(kv.k_gpu[0].shape, generator=g, device=dev))
+    kv.v_gpu[0].copy_(torch.randn(kv.v_gpu[0].shape, generator=g, device=dev))
+    slots = torch.tensor([3, 0, 7, 1, 5, 2], device=dev)  # out of order, as admission leaves them
+    ctx = AttentionContext(kv=kv, is_prefill=True, slots_gpu=slots,
+                           positions_gpu=torch.arange(t, device=dev).expand(b, t), mask_gpu=None, kv_len=t)
+    q = torch.randn(b, t, h, d, generator=g, device=dev).to(bf16).transpose(1, 2)  # [B, H, T, D], as the model's
+    out = ctx.attend_cached_causal(0, q)
+
+    k = kv.k_gpu[0][slots, :, :t].repeat_interleave(h // kvh, 1)  # [B, H, T, D]
+    v = kv.v_gpu[0][slots, :, :t].repeat_interleave(h // kvh, 1)
+    with sdpa_kernel(SDPBackend.FLASH_ATTENTION):  # the kernel attend_cached_causal takes on CUDA
+        assert torch.equal(out, F.scaled_dot_product_attention(q, k, v, is_causal=True))
+    s = (q.double() @ k.double().transpose(-1, -2)) * d ** -0.5
+    s = s.masked_fill(torch.ones(t, t, dtype=torch.bool, device=dev).triu(1), float("-inf"))
+    want = torch.softmax(s, -1) @ v.double()
+    assert float((out.double() - want).abs().max() / want.abs().max()) < 1e-2

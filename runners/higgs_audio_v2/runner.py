@@ -225,8 +225,9 @@ class HiggsRunner(ModelRunner):
         all_bos = np.flatnonzero((tokens == bos).all(axis=1))
         start = int(all_bos[-1]) if all_bos.size else 0
         all_eos = np.flatnonzero((tokens[start:] == eos).all(axis=1))
-        end = start + (int(all_eos[0]) if all_eos.size else len(tokens) - start)
-        return start + 1, max(end - start - 1 - self.num_streams + 1, 0)
+        end = start + int(all_eos[0]) if all_eos.size else len(tokens)
+        first = start + 1
+        return first, max(end - first - self.num_streams + 1, 0)
 
     def _revert_into(self, out: np.ndarray, tokens: np.ndarray, first: int, n: int) -> None:
         """out [C, >= n] int64: codebook k's codes are tokens[first + k : first + k + n, k] (the

@@ -7,11 +7,13 @@ from the cache, stops at the row's own length, and never touches another
 row's keys: one program per (row, KV head), the `rep` query heads that share
 that KV head as the rows of one tile.
 
-Batch invariance comes for free: a program's arithmetic depends only on its
-row's query, keys and length (fixed key blocks in a fixed order, an exact
-online softmax), never on the batch size, the row's place in it or the key
-bucket of its batch-mates. So default and deterministic decode share it, and
-CUDA graphs need one capture per row bucket, not per key-length bucket.
+Batch invariance within a row bucket comes for free: a program's arithmetic
+depends only on its row's query, keys and length (key blocks of a size set by
+the step's row bucket, in a fixed order, an exact online softmax), never on
+the rows' count within the bucket, the row's place in it or the key bucket of
+its batch-mates. So default and deterministic decode (always one bucket, 64
+rows) share it, and CUDA graphs need one capture per row bucket, not per
+key-length bucket.
 
 A one-row step (default mode only: deterministic decode runs 64 rows) takes
 its own kernel, because there the eight programs, one per KV head, are each
@@ -40,7 +42,27 @@ import triton.language as tl
 from runners.device import pdl_launch
 from runners.fused_ops import _wait_predecessor
 
-BLOCK_N = 64  # keys per loop iteration
+BLOCK_N = 64  # keys per loop iteration (the multi-row kernel: _block)
+# How many programs of the multi-row kernel an SM holds at once, by keys a block: its software
+# pipeline keeps 3 stages of key and value tiles in shared memory, 96 KB at 64 keys (D 128, bf16)
+# and 48 at 32, of a Hopper SM's 228 KB.
+_RESIDENT = {64: 2, 32: 4}
+
+
+def _block(programs: int, device: torch.device) -> int:
+    """Keys a loop step of a multi-row call of `programs` programs (rows x KV heads).
+
+    64, unless its programs need a second wave on the SMs and 32-key blocks would fit them in
+    one: at 64 rows x 8 KV heads (512 programs, 132 SMs) the graphed 3B forward took 2.593
+    against 2.639 ms at 164 keys a row, 2.747 against 2.857 at 264, and a decode step 2.63
+    against 2.69 ms; at 32 rows and at 128 rows the two were level (H200, BENCHMARKS.md).
+    The block is part of a row's arithmetic (where the online softmax rescales), so the
+    choice depends only on the step's row bucket and the device: deterministic mode, whose
+    steps are always 64 rows, always takes the same one."""
+    if device.type != "cuda":
+        return BLOCK_N
+    sms = torch.cuda.get_device_properties(device).multi_processor_count
+    return 32 if _RESIDENT[64] * sms < programs <= _RESIDENT[32] * sms else BLOCK_N
 
 
 @triton.jit
@@ -217,7 +239,8 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     assert q.stride(-1) == 1 and k_cache.is_contiguous() and v_cache.is_contiguous()
     out = torch.empty((b, 1, h, d), dtype=q.dtype, device=q.device).transpose(1, 2)  # o_proj reads [B, 1, H*D]
     rep_pad = max(16, triton.next_power_of_2(rep))
-    shape = dict(REP=rep, REP_PAD=rep_pad, D=d, BLOCK=BLOCK_N, USE_DOT=d >= 16)
+    block = BLOCK_N if b == 1 else _block(b * kvh, q.device)
+    shape = dict(REP=rep, REP_PAD=rep_pad, D=d, BLOCK=block, USE_DOT=d >= 16)
     strides = (k_cache.stride(0), k_cache.stride(1), k_cache.stride(2))
     if b == 1:
         early = pdl_launch(q.device, b)

@@ -137,6 +137,38 @@ def test_audio_files_are_the_bytes_libsndfile_writes_to_a_path(tmp_path, fmt):
     assert (tmp_path / f"out/audio/r.{fmt}").read_bytes() == (tmp_path / f"want.{fmt}").read_bytes()
 
 
+def test_npz_files_hold_what_np_savez_would():
+    """A row's npz, written without zipfile (output.py: npz_stored), against the oracles: np.savez's
+    member names, dates and storage for the same arrays, np.load reading them back, each member
+    the bytes np.save writes, and zipfile's CRC check of every member. Empty arrays (a row that
+    made no frames) and every dtype a row has."""
+    import io
+    import zipfile
+
+    from omni_cli.output import npz_stored
+
+    rng = np.random.default_rng(2)
+    for frames in (200, 1, 0):
+        arrays = {"tokens": rng.integers(0, 1026, (frames, 8)), "logprobs": rng.standard_normal((frames, 8)).astype(
+            np.float32), "mask": rng.random((frames, 8)) < 0.9, "raw_logprobs": rng.standard_normal((frames, 8)).astype(
+            np.float32)[:, ::-1]}  # a strided view, as a caller may pass
+        ours = b"".join(bytes(p) for p in npz_stored(arrays))
+        theirs = io.BytesIO()
+        np.savez(theirs, **arrays)
+        z, want = zipfile.ZipFile(io.BytesIO(ours)), zipfile.ZipFile(io.BytesIO(theirs.getvalue()))
+        assert z.testzip() is None and z.namelist() == want.namelist()
+        assert [(i.date_time, i.compress_type) for i in z.infolist()] == [(i.date_time, i.compress_type)
+                                                                       for i in want.infolist()]
+        loaded = np.load(io.BytesIO(ours))
+        for name, a in arrays.items():
+            got = loaded[name]
+            assert got.dtype == a.dtype and got.shape == a.shape and np.array_equal(got, a)
+            saved = io.BytesIO()
+            np.save(saved, a)  # each member is the .npy file numpy writes for its array, byte for byte
+            assert z.read(f"{name}.npy") == saved.getvalue()
+        assert ours == b"".join(bytes(p) for p in npz_stored(arrays))  # the same bytes every time
+
+
 def _codec_calls(monkeypatch, fail=lambda batch, call: False):
     """Record (codes shape, raised) of every codec decode (writer threads call it at once);
     raise a RuntimeError where fail(batch, call number) says."""

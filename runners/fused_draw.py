@@ -75,6 +75,18 @@ def _noisy(lp, cols, ok, seed, pos):
 
 
 @triton.jit
+def _max2(a, b):
+    # the max over both blocks of a row
+    return tl.maximum(tl.max(a, 0), tl.max(b, 0))
+
+
+@triton.jit
+def _sum2(a, b):
+    # the sum over both blocks of a row: a's block, then b's
+    return tl.sum(a, 0) + tl.sum(b, 0)
+
+
+@triton.jit
 def _argmax2(a, b, offset_b: tl.constexpr):
     # argmax over [a, b] as one row: a's columns first, so a tie goes to a
     return tl.where(tl.max(a, 0) >= tl.max(b, 0), tl.argmax(a, 0), tl.argmax(b, 0) + offset_b)
@@ -110,39 +122,37 @@ def _draw_kernel(scores_ptr, slots_ptr, steps_ptr, temp_ptr, top_k_ptr, top_p_pt
     kth_key = tl.zeros((), dtype=tl.uint32)
     for bit in tl.static_range(31, -1, -1):
         cand = kth_key | (1 << bit)
-        n = tl.sum((key_m >= cand).to(tl.int32), 0) + tl.sum((key_t >= cand).to(tl.int32), 0)
-        kth_key = tl.where(n >= k, cand, kth_key)
+        kth_key = tl.where(_sum2((key_m >= cand).to(tl.int32), (key_t >= cand).to(tl.int32)) >= k, cand, kth_key)
     # compared as a value: -0 == +0, as in PyTorch
-    kth = tl.maximum(tl.max(tl.where(key_m == kth_key, z_m, neg_inf), 0),
-                     tl.max(tl.where(key_t == kth_key, z_t, neg_inf), 0))
+    kth = _max2(tl.where(key_m == kth_key, z_m, neg_inf), tl.where(key_t == kth_key, z_t, neg_inf))
     z_m = tl.where(z_m < kth, neg_inf, z_m)
     z_t = tl.where(z_t < kth, neg_inf, z_t)
     # top-p on the top-k survivors: drop the low tail whose mass is <= 1 - p,
     # never the top token. The tail is every key <= T for the largest T whose
     # mass (probabilities of keys <= T) is <= 1 - p, found bit by bit as above.
     p = tl.load(top_p_ptr + slot)
-    top = tl.maximum(tl.max(z_m, 0), tl.max(z_t, 0))
+    top = _max2(z_m, z_t)
     e_m, e_t = tl.exp(z_m - top), tl.exp(z_t - top)
-    total = tl.sum(e_m, 0) + tl.sum(e_t, 0)
+    total = _sum2(e_m, e_t)
     prob_m, prob_t = e_m / total, e_t / total
     key_m, key_t = _key(z_m), _key(z_t)
     tail_key = tl.zeros((), dtype=tl.uint32)
     for bit in tl.static_range(31, -1, -1):
         cand = tail_key | (1 << bit)
-        mass = tl.sum(tl.where(key_m <= cand, prob_m, 0.0), 0) + tl.sum(tl.where(key_t <= cand, prob_t, 0.0), 0)
+        mass = _sum2(tl.where(key_m <= cand, prob_m, 0.0), tl.where(key_t <= cand, prob_t, 0.0))
         tail_key = tl.where(mass <= 1 - p, cand, tail_key)
     z_m = tl.where(p < 1.0, tl.where((key_m <= tail_key) & (z_m < top), neg_inf, z_m), z_m)
     z_t = tl.where(p < 1.0, tl.where((key_t <= tail_key) & (z_t < top), neg_inf, z_t), z_t)
     # min-p: drop tokens below min_p times the top probability
     mp = tl.load(min_p_ptr + slot)
-    top = tl.maximum(tl.max(z_m, 0), tl.max(z_t, 0))
+    top = _max2(z_m, z_t)
     e_m, e_t = tl.exp(z_m - top), tl.exp(z_t - top)
-    e_top = tl.maximum(tl.max(e_m, 0), tl.max(e_t, 0))
+    e_top = _max2(e_m, e_t)
     z_m = tl.where(e_m < mp * e_top, neg_inf, z_m)
     z_t = tl.where(e_t < mp * e_top, neg_inf, z_t)
     proc_m, proc_t = tl.where(greedy, s_m, z_m), tl.where(greedy, s_t, z_t)
-    top = tl.maximum(tl.max(proc_m, 0), tl.max(proc_t, 0))
-    lse = top + tl.log(tl.sum(tl.exp(proc_m - top), 0) + tl.sum(tl.exp(proc_t - top), 0))
+    top = _max2(proc_m, proc_t)
+    lse = top + tl.log(_sum2(tl.exp(proc_m - top), tl.exp(proc_t - top)))
     lp_m, lp_t = proc_m - lse, proc_t - lse
     # the seeded draw: argmax(logprobs + Gumbel noise) in float64
     seed = tl.load(seed_ptr + slot)
@@ -150,7 +160,7 @@ def _draw_kernel(scores_ptr, slots_ptr, steps_ptr, temp_ptr, top_k_ptr, top_p_pt
     drawn = _argmax2(_noisy(lp_m, cm, ok_m, seed, pos), _noisy(lp_t, ct, ok_t, seed, pos), MAIN)
     tok = tl.where(greedy, _argmax2(proc_m, proc_t, MAIN), drawn)
     tl.store(tok_ptr + row, tok.to(tl.int64))
-    tl.store(lp_ptr + row, tl.sum(tl.where(cm == tok, lp_m, 0.0), 0) + tl.sum(tl.where(ct == tok, lp_t, 0.0), 0))
+    tl.store(lp_ptr + row, _sum2(tl.where(cm == tok, lp_m, 0.0), tl.where(ct == tok, lp_t, 0.0)))
     tl.store(hist_ptr + (slot * STREAMS + stream) * hist_len + step, tok.to(tl.int64))
 
 

@@ -11,10 +11,13 @@ every position, as its prefill computes). Reported per batch: the first
 call's ms (a fresh process's first use of each shape) and the median of
 --repeat later calls, each synchronised, against the compute floor
 (2 x a token's matmul parameters x tokens at 801 TFLOP/s, the measured bf16
-ceiling).
+ceiling). With --shared-prefix N every prompt opens with the same N tokens,
+which the engine then runs once (runners/engine.py); the row adds the fused
+path with that sharing switched off ("unshared").
 Prints a table and writes JSON.
 
   python benchmarks/prefill.py --batch 1 8 64 256 --out prefill.json
+  python benchmarks/prefill.py --batch 64 256 --shared-prefix 30 --out prefill_shared.json
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from omni_cli.bench import H200_FLOPS, random_model  # noqa: E402
+from runners import engine as engine_mod  # noqa: E402
 from runners.attention import KVCache  # noqa: E402
 from runners.engine import Engine, ForwardBatch  # noqa: E402
 from runners.higgs_audio_v2.shapes import param_counts  # noqa: E402
@@ -54,6 +58,7 @@ def main() -> None:
     ap.add_argument("--batch", type=int, nargs="+", default=[1, 8, 64, 256])
     ap.add_argument("--prompt-len", type=int, default=64)
     ap.add_argument("--repeat", type=int, default=5)
+    ap.add_argument("--shared-prefix", type=int, default=0, help="tokens every prompt opens with")
     ap.add_argument("--out", type=Path, default=Path("prefill.json"))
     args = ap.parse_args()
     dev = torch.device("cuda")
@@ -66,10 +71,11 @@ def main() -> None:
     graphed.use_graphs()  # small prefills replay a CUDA graph (runners/cuda_graphs.py: PrefillGraphs)
     _, matmul_params = param_counts(cfg)  # a step's matmul weights: attention and one MLP per layer, the head
     rng = np.random.default_rng(0)
-    rows, captured = [], 0
+    rows = []
     for b in args.batch:
         t = args.prompt_len
         ids = torch.from_numpy(rng.integers(0, cfg.audio_bos_token_id - 16, (b, t))).to(dev)
+        ids[:, : args.shared_prefix] = ids[0, : args.shared_prefix]
         fb = ForwardBatch(is_prefill=True, rids=[f"r{i}" for i in range(b)], slots_gpu=torch.arange(b, device=dev),
                           lengths_cpu=[t] * b, steps_cpu=[0] * b, steps_gpu=torch.zeros(b, dtype=torch.int64, device=dev),
                           positions_gpu=torch.arange(t, device=dev).expand(b, t), model_inputs={"input_ids": ids},
@@ -86,21 +92,30 @@ def main() -> None:
             with torch.inference_mode():
                 ref(input_ids=ids, attention_mask=torch.ones_like(ids))
 
+        def unshared():
+            engine_mod.PREFIX_MIN_SAVED_TOKENS, saved = 1 << 62, engine_mod.PREFIX_MIN_SAVED_TOKENS
+            try:
+                engine.forward(fb)
+            finally:
+                engine_mod.PREFIX_MIN_SAVED_TOKENS = saved
+
         floor = 1e3 * 2 * matmul_params * b * t / H200_FLOPS
-        row = {"batch": b, "prompt_len": t, "floor_ms": round(floor, 2)}
-        for name, fn in (("fused", lambda: engine.forward(fb)), ("graphed", lambda: graphed.forward(fb)),
-                         ("plain", plain), ("transformers", peer)):
+        row = {"batch": b, "prompt_len": t, "shared_prefix": args.shared_prefix, "floor_ms": round(floor, 2)}
+        paths = [("fused", lambda: engine.forward(fb)), ("graphed", lambda: graphed.forward(fb))]
+        paths += [("unshared", unshared)] if args.shared_prefix else []
+        for name, fn in paths + [("plain", plain), ("transformers", peer)]:
             first, steady = _timed(fn, args.repeat)
             row[f"{name}_first_ms"], row[f"{name}_ms"] = round(first, 2), round(steady, 2)
-        row["graph_replayed"] = len(graphed.prefill_graphs._entries) > captured
-        captured = len(graphed.prefill_graphs._entries)
+        # its own bucket's graph (a shared prefix's one-row graph is not the batch's)
+        row["graph_replayed"] = any(r == 1 << (b - 1).bit_length() for r, _ in graphed.prefill_graphs._entries)
         rows.append(row)
         print(json.dumps(row), flush=True)
-    print(f"{'batch':>5} {'tokens':>7} {'fused ms':>9} {'(first)':>8} {'graphed ms':>11} {'(first)':>8} {'plain ms':>9} "
-          f"{'(first)':>8} {'transformers ms':>16} {'floor ms':>9} {'fused of floor':>15}")
+    print(f"{'batch':>5} {'tokens':>7} {'fused ms':>9} {'(first)':>8} {'graphed ms':>11} {'(first)':>8} "
+          f"{'unshared ms':>12} {'plain ms':>9} {'(first)':>8} {'transformers ms':>16} {'floor ms':>9} {'fused of floor':>15}")
     for r in rows:
         graph = f"{r['graphed_ms']:>11.2f} {r['graphed_first_ms']:>8.1f}" if r["graph_replayed"] else f"{'eager':>11} {'':>8}"
         print(f"{r['batch']:>5} {r['batch'] * r['prompt_len']:>7} {r['fused_ms']:>9.2f} {r['fused_first_ms']:>8.1f} {graph} "
+              f"{r.get('unshared_ms', float('nan')):>12.2f} "
               f"{r['plain_ms']:>9.2f} {r['plain_first_ms']:>8.1f} {r['transformers_ms']:>16.2f} {r['floor_ms']:>9.2f} "
               f"{r['floor_ms'] / r['fused_ms']:>15.2f}")
     write_results(args.out, rows=rows)

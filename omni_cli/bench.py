@@ -116,7 +116,7 @@ def run_requests(model, codec, n_req: int, max_batch: int, frames: int, prompt_l
             for i, ids in enumerate(_prompts(cfg, n_req, prompt_len))]
     # as omni generate does before its first row: the graph captures (and a cold process's
     # kernel compiles) are startup, not part of the measured run
-    warm_up_lm(runner, reqs[0], max_seq_len, async_decode)
+    warm_up_lm(runner, reqs[:max_batch], max_seq_len, async_decode)
     for r in reqs:
         sched.add(r)
     _sync(device)

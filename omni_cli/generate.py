@@ -167,7 +167,7 @@ def run_generate(opts: GenerateOptions) -> RunSummary:
     t_warm = time.perf_counter()
     if device.type == "cuda" and scheduler.waiting:  # the CPU has no first-use costs worth a warm-up
         with priority_stream(device):  # the stream the loop will run on
-            _warm_up(runner, scheduler.waiting[0], config, codec_thread, batch_codec)
+            _warm_up(runner, list(scheduler.waiting)[: runner.num_slots], config, codec_thread, batch_codec)
     warmup_s = time.perf_counter() - t_warm
 
     writer = OutputWriter(opts.out, opts.fmt, runner.sample_rate)
@@ -333,12 +333,13 @@ def _render(r, system: str, base_params, prompt_builder) -> tuple:
         raise RowError(r.row, field, message) from None
 
 
-def _warm_up(runner, template: Request, config, codec_thread, batch_codec: bool) -> None:
+def _warm_up(runner, queued: list[Request], config, codec_thread, batch_codec: bool) -> None:
     """First-use costs before the first real row (omni_cli/warmup.py), with the first queued
-    row as the template: the LM on this thread, the codec at once on its own thread."""
-    frames = template.params.max_new_frames
+    rows' prompts and the first one's parameters: the LM on this thread, the codec at once
+    on its own thread."""
+    frames = queued[0].params.max_new_frames
     codec = codec_thread.submit(runner.warm_codec, frames, runner.num_slots, batch_codec)
-    warm_up_lm(runner, template, config.max_seq_len, config.async_decode)
+    warm_up_lm(runner, queued, config.max_seq_len, config.async_decode)
     codec.result()
     # the drain's larger calls last, when the LM's warm-up no longer holds memory
     codec_thread.submit(runner.warm_codec, frames, runner.num_slots, batch_codec, True).result()

@@ -2,9 +2,11 @@
 
 Layout: k/v [num_layers, num_slots, num_kv_heads, max_seq_len, head_dim].
 A request owns one slot for its lifetime; position p of that request lives at
-[:, slot, :, p]. Prefill writes positions 0..T-1 of each row (rows are right
-padded to T; the padding positions hold garbage that is overwritten before any
-query can see it, because keys at or beyond a row's length are masked).
+[:, slot, :, p]. Prefill writes positions P..P+T-1 of each row, P = 0 unless
+the rows' shared prompt prefix is already in their slots (runners/engine.py);
+rows are right padded to T; the padding positions hold garbage that is
+overwritten before any query can see it, because keys at or beyond a row's
+length are masked.
 """
 
 from __future__ import annotations
@@ -76,6 +78,9 @@ class AttentionContext:
     # builds mask_gpu on first use (the default path's engine): the fused CUDA
     # prefill attends causally without one, so it never pays for building it
     mask_fn: Callable[[], torch.Tensor] | None = None
+    # prefill: positions [0, prefix_len) of every row's slot already hold that row's
+    # keys and values (a shared prompt prefix); this forward's queries start there
+    prefix_len: int = 0
 
     def _mask(self) -> torch.Tensor:
         if self.mask_gpu is None and self.mask_fn is not None:
@@ -86,10 +91,12 @@ class AttentionContext:
         """q [B, H, T, D], k/v [B, KVH, T, D] -> [B, H, T, D]; stores k/v in the cache."""
         kc, vc = self.kv.k_gpu[layer], self.kv.v_gpu[layer]
         if self.is_prefill:
-            t = q.shape[2]
-            kc[self.slots_gpu, :, :t] = k
-            vc[self.slots_gpu, :, :t] = v
-            keys, values = k, v  # no prefix reuse: a prompt attends only to itself
+            p, t = self.prefix_len, q.shape[2]
+            kc[self.slots_gpu, :, p:p + t] = k
+            vc[self.slots_gpu, :, p:p + t] = v
+            keys, values = k, v  # a prompt attends to itself, and to its prefix in the cache:
+            if p:
+                keys, values = kc[self.slots_gpu, :, :p + t], vc[self.slots_gpu, :, :p + t]
         else:
             pos = self.positions_gpu[:, 0]
             kc[self.slots_gpu, :, pos] = k[:, :, 0]
@@ -113,10 +120,14 @@ class AttentionContext:
         sees keys <= t, never the padding; padding queries see garbage, but
         their outputs are never read and their KV positions are rewritten
         before any query can see them (see the module docstring). Without a
-        mask SDPA can take its flash kernel."""
-        t = q.shape[2]
-        keys = self.kv.k_gpu[layer][self.slots_gpu, :, :t]  # [B, KVH, T, D], a copy
+        mask SDPA can take its flash kernel. After a shared prefix of P tokens
+        the queries are positions P..P+T-1 over keys 0..P+T-1: causal aligned
+        to the last key, which the engine's mask says."""
+        t = self.prefix_len + q.shape[2]
+        keys = self.kv.k_gpu[layer][self.slots_gpu, :, :t]  # [B, KVH, P + T, D], a copy
         values = self.kv.v_gpu[layer][self.slots_gpu, :, :t]
+        if self.prefix_len:
+            return self._sdpa(q, keys, values)
         # query head h reads KV head h // rep (repeat_kv's order) inside the kernel: no repeated
         # copy of the keys and values (7.5 of a 256 x 64-token prefill's 173 ms, H200)
         with sdpa_kernel(_BACKENDS):

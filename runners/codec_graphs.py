@@ -8,7 +8,7 @@ gaps for the same calls alone in the same process
 (benchmarks/drain_timeline.py; the kernels themselves took 273 ms both ways).
 A graph replays a call with one launch.
 
-A shape's first call runs eagerly: it makes cuDNN's plans and compiles
+A shape's first call runs eagerly (holding CAPTURE_LOCK): it makes cuDNN's plans and compiles
 Triton's specializations, neither of which may happen inside a capture. Its
 second call captures the graph and replays it; later calls copy their inputs
 into the graph's buffers and replay. The capture runs on the calling thread's
@@ -29,6 +29,8 @@ length bucket.
 """
 
 from __future__ import annotations
+
+import contextlib
 
 import torch
 
@@ -53,9 +55,14 @@ class CodecGraphs:
         shape = tuple(codes_host.shape)
         entry = self._graphs.get(shape)
         if entry is None and (not self._capture or shape not in self._seen or len(self._graphs) >= MAX_GRAPHS):
+            first = self._capture and shape not in self._seen
             self._seen.add(shape)
-            return self.decode(codes_host.to(self.device, non_blocking=True),
-                               lengths_host.to(self.device, non_blocking=True))
+            # a shape's first call loads kernels and makes cuDNN's plans, which may synchronize
+            # the device: not while another thread captures (a decode graph's capture beside the
+            # warm-up's first codec calls failed once, invalidated: cudaErrorStreamCaptureInvalidated)
+            with CAPTURE_LOCK if first else contextlib.nullcontext():
+                return self.decode(codes_host.to(self.device, non_blocking=True),
+                                   lengths_host.to(self.device, non_blocking=True))
         if entry is None:
             entry = self._graphs[shape] = self._record(shape, tuple(lengths_host.shape))
         codes_gpu, lengths_gpu, graph, audio_gpu = entry

@@ -183,3 +183,36 @@ def test_greedy_codes_match_transformers_for_50_frames(models, teacher_forced):
         books = (got[first] != codes[first]).nonzero()[:, 0]
         margin = _margin(scores[first, books])
         assert (margin < tie).all(), (r.rid, first, margin, tie)
+
+
+def test_shared_prefix_prefill_matches_transformers(models, monkeypatch):
+    """A prefill whose prompts share a prefix (runners/engine.py): the prefix as a one-row
+    graph replay, the rows' own tokens on the fused path over the copied prefix keys.
+    Each row's logits against the oracle run on its whole prompt, as the test above."""
+    from runners import cuda_graphs, engine as engine_mod
+    from runners.engine import ForwardBatch
+
+    cfg, oracle, peer, ours = models
+    monkeypatch.setattr(engine_mod, "PREFIX_MIN_SAVED_TOKENS", 1)
+    monkeypatch.setattr(cuda_graphs, "PREFILL_GRAPH_TOKENS", 256)  # 3 rows x 81 tokens run eagerly, 47 replay
+    prefix = _prompt(cfg, 48, 7)[:-1]
+    prompts = [prefix + _prompt(cfg, n, 10 + n) for n in (16, 5, 34)]
+    engine = _engine(cfg, ours, 3)
+    t, slots = max(map(len, prompts)), [2, 0, 1]
+    fb = ForwardBatch(is_prefill=True, rids=["a", "b", "c"], slots_gpu=torch.tensor(slots, device=DEV),
+                      lengths_cpu=[len(p) for p in prompts], steps_cpu=[0] * 3,
+                      steps_gpu=torch.zeros(3, dtype=torch.int64, device=DEV),
+                      positions_gpu=torch.arange(t, device=DEV).expand(3, t),
+                      model_inputs={"input_ids": torch.tensor([p + [0] * (t - len(p)) for p in prompts], device=DEV)},
+                      prompts_cpu=prompts)
+    logits = engine.forward(fb).float()
+    # the only graph: the 47-token prefix's (the rows' 81 x 4 padded tokens are over the limit)
+    assert list(engine.prefill_graphs._entries) == [(1, 64)]
+    for row, ids in enumerate(prompts):
+        x = torch.tensor([ids], device=DEV)
+        with torch.inference_mode():
+            want = oracle(input_ids=x, attention_mask=torch.ones_like(x)).logits[0, -1].float()
+            peer_logits = peer(input_ids=x, attention_mask=torch.ones_like(x)).logits[0, -1].float()
+        err, peer_err = _rel(logits[row], want.flatten()), _rel(peer_logits.flatten(), want.flatten())
+        print(f"\nrow {row}: shared-prefix prefill {err:.2e} off float32, transformers bf16 {peer_err:.2e}")
+        assert err < REL_BOUND and err <= 1.5 * peer_err

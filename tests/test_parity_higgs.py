@@ -5,6 +5,9 @@ Four prompts of different lengths go through `omni generate --temperature 0
 Each row's codes must equal the reference's (run alone, unpadded) frame for
 frame; its logprobs must equal log_softmax of the reference's processed
 scores; its audio must equal the reference codec's decode of the same codes.
+The "eos" checkpoint runs a second time with every prefill sharing its rows'
+common prompt prefix (the system turn; runners/engine.py), which a 2-row
+prefill of these prompts is otherwise too small to do.
 """
 
 from __future__ import annotations
@@ -48,8 +51,13 @@ def reference_runs(eos_ckpt):
     return runs
 
 
-@pytest.mark.parametrize("which", ["eos", "default"])
-def test_codes_logprobs_audio_match_reference(tmp_path, eos_ckpt, reference_runs, which):
+@pytest.mark.parametrize("which", ["eos", "default", "eos-shared-prefix"])
+def test_codes_logprobs_audio_match_reference(tmp_path, eos_ckpt, reference_runs, which, monkeypatch):
+    if which == "eos-shared-prefix":
+        from runners import engine
+
+        monkeypatch.setattr(engine, "PREFIX_MIN_SAVED_TOKENS", 1)
+        which = "eos"
     ckpt = eos_ckpt if which == "eos" else TINY
     out = _run_omni(tmp_path, ckpt)
     ref, results = reference_runs[which]

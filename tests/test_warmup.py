@@ -35,8 +35,10 @@ def test_warm_up_reaches_every_bucket_and_changes_no_output(tmp_path, eos_ckpt, 
     cold, _, _ = _tiny_runner(eos_ckpt, tmp_path, max_batch_size=6, deterministic=False)
     for r in (warmed, cold):
         r.engine.use_graphs(capture=False)  # decode padded to row buckets, as CUDA graphs are
-    template = Request(rid="t", prompt_ids=prompts.build(TEXTS[2], config.system_prompt, None), params=PARAMS, seed=5)
-    warm_up_lm(warmed, template, config.max_seq_len, async_decode)
+    # as omni generate passes them: the queue's first rows (more than the 6 slots here)
+    queued = [Request(rid=f"q{i}", prompt_ids=prompts.build(t, config.system_prompt, None), params=PARAMS, seed=5)
+              for i, t in enumerate(TEXTS[2:7] + TEXTS[:2])]
+    warm_up_lm(warmed, queued, config.max_seq_len, async_decode)
     assert {key[0] for key in warmed.engine.graphs._entries} == {1, 2, 4, 8}  # 6 slots: buckets 1 .. 8
     assert warmed.async_query_hit == warmed.async_query_miss == 0
     warmed.warm_codec(PARAMS.max_new_frames, warmed.num_slots, batched=False)
@@ -48,3 +50,22 @@ def test_warm_up_reaches_every_bucket_and_changes_no_output(tmp_path, eos_ckpt, 
     tokens = [r.frames.array for r in got]
     for a, b in zip(warmed.decode_audio(tokens, batched=False), cold.decode_audio(tokens, batched=False)):
         np.testing.assert_array_equal(a, b)
+
+
+def test_warm_up_prefills_the_queued_rows_prompts(tmp_path, eos_ckpt):
+    """The wide prefill takes the first rows' own prompts (their shapes and shared prefix are
+    the run's first prefill's); a prompt with no room for the warm-up's frames, and slots
+    beyond the queue, take the template's."""
+    runner, prompts, config = _tiny_runner(eos_ckpt, tmp_path, max_batch_size=6, deterministic=False)
+    queued = [Request(rid=f"q{i}", prompt_ids=prompts.build(t, config.system_prompt, None), params=PARAMS, seed=5)
+              for i, t in enumerate(TEXTS[:4])]
+    queued[2].prompt_ids = queued[2].prompt_ids[:1] * (config.max_seq_len - 1)  # fits 1 frame, not the warm-up's
+    seen: list[list[list[int]]] = []
+    forward = runner.engine.forward
+    runner.engine.forward = lambda fb, *a, **k: (seen.append(fb.prompts_cpu) if fb.is_prefill else None,
+                                                 forward(fb, *a, **k))[1]
+    warm_up_lm(runner, queued, config.max_seq_len, False)
+    template = queued[0].prompt_ids
+    want = [queued[0].prompt_ids, queued[1].prompt_ids, template, queued[3].prompt_ids, template, template]
+    assert sorted(p for batch in seen[:-1] for p in batch) == sorted(want)  # the wide batch, in prefills
+    assert seen[-1] == [template]  # then the one-row prefill

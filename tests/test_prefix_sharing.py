@@ -1,0 +1,94 @@
+"""A prefill's shared prompt prefix, run once and copied into every row's slot (runners/engine.py).
+
+The oracle is the prefill that runs every prompt whole (itself held to
+transformers by tests/test_parity_higgs.py, which also runs `omni generate`
+with sharing on): logits, every row's keys and values, and the decode steps
+after it agree in float32, with rows of different lengths (right padding) in
+slots out of order.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from runners import engine as engine_mod
+from runners.attention import KVCache
+from runners.checkpoint import load_into, read_safetensors
+from runners.engine import Engine, ForwardBatch, shared_prefix
+from runners.higgs_audio_v2.config import HiggsConfig
+from runners.higgs_audio_v2.model import HiggsAudioV2LM
+from tests.conftest import TINY
+
+CPU = torch.device("cpu")
+
+
+def test_shared_prefix_leaves_every_prompt_a_token_of_its_own():
+    assert shared_prefix([[1, 2, 3, 4], [1, 2, 3, 5]]) == 3
+    assert shared_prefix([[1, 2, 3], [1, 2, 3, 4, 5]]) == 2  # the shorter prompt keeps its last token
+    assert shared_prefix([[1, 2, 3], [1, 2, 3]]) == 2
+    assert shared_prefix([[7, 2], [1, 2]]) == 0
+    assert shared_prefix([[1], [1]]) == 0
+    assert shared_prefix([[1, 2, 9], [1, 2, 9], [1, 3, 9]]) == 1
+
+
+@pytest.fixture(scope="module")
+def model():
+    cfg = HiggsConfig.from_file(TINY / "model" / "config.json")
+    m = HiggsAudioV2LM(cfg, 128)
+    load_into(m, read_safetensors(TINY / "model"), TINY)
+    return m.to_runtime(CPU, torch.float32)
+
+
+def _run(model, prompts: list[list[int]], slots: list[int], min_saved: int, monkeypatch):
+    """Prefill then three decode steps through a fresh engine -> (logits per forward, kv)."""
+    monkeypatch.setattr(engine_mod, "PREFIX_MIN_SAVED_TOKENS", min_saved)
+    cfg = model.cfg
+    kv = KVCache(cfg.num_hidden_layers, 8, cfg.num_key_value_heads, 128, cfg.head_dim, torch.float32, CPU)
+    engine = Engine(model, kv, CPU)
+    t = max(len(p) for p in prompts)
+    lens = [len(p) for p in prompts]
+    fb = ForwardBatch(is_prefill=True, rids=[str(i) for i in range(len(prompts))], slots_gpu=torch.tensor(slots),
+                      lengths_cpu=lens, steps_cpu=[0] * len(prompts), steps_gpu=torch.zeros(len(prompts), dtype=torch.int64),
+                      positions_gpu=torch.arange(t).expand(len(prompts), t),
+                      model_inputs={"input_ids": torch.tensor([p + [0] * (t - len(p)) for p in prompts])},
+                      prompts_cpu=prompts)
+    outs = [engine.forward(fb)]
+    g = torch.Generator().manual_seed(1)
+    for s in range(1, 4):
+        pos = [n + s - 1 for n in lens]
+        fb = ForwardBatch(is_prefill=False, rids=fb.rids, slots_gpu=torch.tensor(slots), lengths_cpu=[p + 1 for p in pos],
+                          steps_cpu=[s] * len(prompts), steps_gpu=torch.full((len(prompts),), s),
+                          positions_gpu=torch.tensor(pos)[:, None],
+                          model_inputs={"audio_codes": torch.randint(0, 1024, (len(prompts), 1, 8), generator=g)})
+        outs.append(engine.forward(fb))
+    return outs, kv
+
+
+def test_shared_prefix_prefill_computes_what_the_whole_prompts_do(model, monkeypatch):
+    g = torch.Generator().manual_seed(0)
+    prefix = torch.randint(0, 250, (21,), generator=g).tolist()
+    prompts = [prefix + torch.randint(0, 250, (n,), generator=g).tolist() for n in (9, 1, 30, 4)]
+    slots = [5, 0, 6, 2]
+    assert shared_prefix(prompts) == 21
+    shared, kv_shared = _run(model, prompts, slots, 1, monkeypatch)
+    whole, kv_whole = _run(model, prompts, slots, 10 ** 9, monkeypatch)
+    for a, b in zip(shared, whole):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+    for row, slot in enumerate(slots):
+        n = len(prompts[row]) + 3  # the prompt and the three decode steps' keys
+        for a, b in ((kv_shared.k_gpu, kv_whole.k_gpu), (kv_shared.v_gpu, kv_whole.v_gpu)):
+            torch.testing.assert_close(a[:, slot, :, :n], b[:, slot, :, :n], atol=1e-5, rtol=1e-5)
+    # the shared run wrote no slot that no row owns (the prefix went to the first row's slot)
+    for other in set(range(8)) - set(slots):
+        assert not kv_shared.k_gpu[:, other].any()
+
+
+def test_small_savings_run_the_prompts_whole(model, monkeypatch):
+    """Below PREFIX_MIN_SAVED_TOKENS the prefill is the unshared one, bit for bit."""
+    g = torch.Generator().manual_seed(2)
+    prefix = torch.randint(0, 250, (10,), generator=g).tolist()
+    prompts = [prefix + torch.randint(0, 250, (n,), generator=g).tolist() for n in (3, 5)]
+    below, _ = _run(model, prompts, [1, 3], 11, monkeypatch)  # (2 - 1) x 10 tokens saved < 11
+    whole, _ = _run(model, prompts, [1, 3], 10 ** 9, monkeypatch)
+    assert all(torch.equal(a, b) for a, b in zip(below, whole))

@@ -92,3 +92,26 @@ def test_small_savings_run_the_prompts_whole(model, monkeypatch):
     below, _ = _run(model, prompts, [1, 3], 11, monkeypatch)  # (2 - 1) x 10 tokens saved < 11
     whole, _ = _run(model, prompts, [1, 3], 10 ** 9, monkeypatch)
     assert all(torch.equal(a, b) for a, b in zip(below, whole))
+
+
+def test_cached_attention_after_a_prefix_is_causal_to_the_last_key():
+    """attend_cached_causal (the fused prefill's attention) with P prefix keys in the cache:
+    query j of a row is position P + j and sees keys 0..P + j, against float64 attention over
+    keys repeated per query head, with slots out of order."""
+    from runners.attention import AttentionContext
+
+    g = torch.Generator().manual_seed(3)
+    b, h, kvh, d, p, t = 3, 6, 2, 16, 5, 7
+    kv = KVCache(1, 4, kvh, 32, d, torch.float32, CPU)
+    kv.k_gpu.copy_(torch.randn(kv.k_gpu.shape, generator=g))
+    kv.v_gpu.copy_(torch.randn(kv.v_gpu.shape, generator=g))
+    slots = torch.tensor([2, 0, 3])
+    ctx = AttentionContext(kv=kv, is_prefill=True, slots_gpu=slots, positions_gpu=torch.arange(p, p + t).expand(b, t),
+                           mask_gpu=None, kv_len=p + t, prefix_len=p)
+    q = torch.randn(b, h, t, d, generator=g)
+    k = kv.k_gpu[0][slots, :, : p + t].repeat_interleave(h // kvh, 1).double()
+    v = kv.v_gpu[0][slots, :, : p + t].repeat_interleave(h // kvh, 1).double()
+    s = (q.double() @ k.transpose(-1, -2)) * d ** -0.5
+    seen = torch.arange(p + t)[None, :] <= torch.arange(p, p + t)[:, None]  # [T, P + T]
+    want = torch.softmax(s.masked_fill(~seen, float("-inf")), -1) @ v
+    torch.testing.assert_close(ctx.attend_cached_causal(0, q).double(), want, atol=1e-5, rtol=1e-5)

@@ -12,6 +12,7 @@ already handed to the codec are written first).
 from __future__ import annotations
 
 import importlib
+import itertools
 import platform
 import threading
 import time
@@ -167,7 +168,8 @@ def run_generate(opts: GenerateOptions) -> RunSummary:
     t_warm = time.perf_counter()
     if device.type == "cuda" and scheduler.waiting:  # the CPU has no first-use costs worth a warm-up
         with priority_stream(device):  # the stream the loop will run on
-            _warm_up(runner, list(scheduler.waiting)[: runner.num_slots], config, codec_thread, batch_codec)
+            _warm_up(runner, list(itertools.islice(scheduler.waiting, runner.num_slots)), config, codec_thread,
+                     batch_codec)
     warmup_s = time.perf_counter() - t_warm
 
     writer = OutputWriter(opts.out, opts.fmt, runner.sample_rate)

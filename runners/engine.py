@@ -188,8 +188,7 @@ class Engine:
         one = fb.rows(0, 1)
         one.lengths_cpu, one.positions_gpu, one.prompts_cpu = [p], one.positions_gpu[:, :p], [one.prompts_cpu[0][:p]]
         one.model_inputs = {k: v[:, :p] for k, v in one.model_inputs.items()}
-        if self.prefill_graphs is None or self.prefill_graphs.run(one) is None:
-            self.model(self._batch_attention(one), **one.model_inputs)  # for its KV writes only
+        self.forward(one)  # for its KV writes (a prefill like any other: a graph where one fits)
         first, rest = fb.slots_gpu[:1], fb.slots_gpu[1:]
         for cache in (self.kv.k_gpu, self.kv.v_gpu):  # [layers, slots, KVH, max_seq_len, D]
             cache[:, rest, :, :p] = cache[:, :, :, :p].index_select(1, first)
@@ -213,7 +212,7 @@ class Engine:
             return {k: torch.cat([o[k] for o in outs]) for k in outs[0]}
         if self.deterministic:  # prefill; decode went through self.graphs above
             return self._prefill_fixed(fb)
-        if self.prefill_graphs is not None and fb.is_prefill:
+        if self.prefill_graphs is not None:
             logits = self.prefill_graphs.run(fb)
             if logits is not None:
                 return logits if post is None else post(fb, logits)

@@ -42,27 +42,27 @@ import triton.language as tl
 from runners.device import pdl_launch
 from runners.fused_ops import _wait_predecessor
 
-BLOCK_N = 64  # keys per loop iteration (the multi-row kernel: _block)
-# How many programs of the multi-row kernel an SM holds at once, by keys a block: its software
-# pipeline keeps 3 stages of key and value tiles in shared memory, 96 KB at 64 keys (D 128, bf16)
-# and 48 at 32, of a Hopper SM's 228 KB.
-_RESIDENT = {64: 2, 32: 4}
+BLOCK_N = 64  # keys per loop iteration (the multi-row kernel: _tile)
 
 
-def _block(programs: int, device: torch.device) -> int:
-    """Keys a loop step of a multi-row call of `programs` programs (rows x KV heads).
+def _tile(programs: int, device: torch.device) -> tuple[int, int]:
+    """(keys a loop step, warps) of a multi-row call of `programs` programs (rows x KV heads).
 
-    64, unless its programs need a second wave on the SMs and 32-key blocks would fit them in
-    one: at 64 rows x 8 KV heads (512 programs, 132 SMs) the graphed 3B forward took 2.593
-    against 2.639 ms at 164 keys a row, 2.747 against 2.857 at 264, and a decode step 2.63
-    against 2.69 ms; at 32 rows and at 128 rows the two were level (H200, BENCHMARKS.md).
-    The block is part of a row's arithmetic (where the online softmax rescales), so the
+    64 keys and 4 warps, except where the call has more programs than the GPU has SMs and at
+    most four an SM: there 32 keys and 2 warps were the fastest (the H200's 32- and 64-row
+    buckets: 256 and 512 programs on 132 SMs). A layer's call over 28 separate caches (L2-cold,
+    as in a step; benchmarks/attention_probe.py, H200), µs at 100 / 164 / 264 keys a row:
+    64 rows 10.9 / 15.0 / 21.0 against 11.7 / 15.7 / 21.8 at 32 keys and 4 warps and 11.1 /
+    17.1 / 25.4 at 64 keys (whose 3-stage pipeline keeps 96 KB of tiles: two programs an SM, so
+    512 need two waves); 32 rows 6.9 / 9.3 / 12.4 against 7.2 / 9.7 / 13.1 at 64 keys. At 128
+    and 256 rows 64 keys and 4 warps were the fastest or level. The block is part of a row's
+    arithmetic (where the online softmax rescales; the warps at most the last bit), so the
     choice depends only on the step's row bucket and the device: deterministic mode, whose
-    steps are always 64 rows, always takes the same one."""
+    steps are always 64 rows, always takes the same."""
     if device.type != "cuda":
-        return BLOCK_N
+        return BLOCK_N, 4
     sms = torch.cuda.get_device_properties(device).multi_processor_count
-    return 32 if _RESIDENT[64] * sms < programs <= _RESIDENT[32] * sms else BLOCK_N
+    return (32, 2) if sms < programs <= 4 * sms else (BLOCK_N, 4)
 
 
 @triton.jit
@@ -239,7 +239,7 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     assert q.stride(-1) == 1 and k_cache.is_contiguous() and v_cache.is_contiguous()
     out = torch.empty((b, 1, h, d), dtype=q.dtype, device=q.device).transpose(1, 2)  # o_proj reads [B, 1, H*D]
     rep_pad = max(16, triton.next_power_of_2(rep))
-    block = BLOCK_N if b == 1 else _block(b * kvh, q.device)
+    block, warps = (BLOCK_N, 4) if b == 1 else _tile(b * kvh, q.device)
     shape = dict(REP=rep, REP_PAD=rep_pad, D=d, BLOCK=block, USE_DOT=d >= 16)
     strides = (k_cache.stride(0), k_cache.stride(1), k_cache.stride(2))
     if b == 1:
@@ -250,5 +250,6 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
             PDL=bool(early), **early)
     else:
         _decode_attention_kernel[(b, kvh)](q, k_cache, v_cache, out, slots, lengths, q.stride(0), q.stride(1),
-                                           out.stride(0), out.stride(1), *strides, d ** -0.5, **shape)
+                                           out.stride(0), out.stride(1), *strides, d ** -0.5, **shape,
+                                           num_warps=warps)
     return out

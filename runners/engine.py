@@ -30,7 +30,10 @@ prefill whose prompts all start with the same P tokens runs those P tokens
 once, as a one-row prefill into the first row's slot, copies their keys and
 values into the other rows' slots, and then runs only each row's own tokens
 from position P on. Every key a query sees is the one the unshared prefill
-would have written, up to the rounding of a different batch shape.
+would have written, up to the rounding of a different batch shape. The
+engine keeps that prefix for later prefills (the next chunk of a wide
+admission, rows admitted as others finish): while no prefill rewrites its
+slot, a prompt that opens with it copies its keys instead of recomputing them.
 """
 
 from __future__ import annotations
@@ -53,6 +56,7 @@ class ForwardBatch:
     positions_gpu: torch.Tensor  # [B, T]
     model_inputs: dict[str, torch.Tensor] = field(default_factory=dict)
     prompts_cpu: list[list[int]] = field(default_factory=list)  # prefill: each row's prompt ids; [] if not given
+    slots_cpu: list[int] = field(default_factory=list)  # each row's slot, as slots_gpu; [] if not given
 
     @property
     def batch_size(self) -> int:
@@ -65,7 +69,7 @@ class ForwardBatch:
             lengths_cpu=self.lengths_cpu[start:stop], steps_cpu=self.steps_cpu[start:stop],
             steps_gpu=self.steps_gpu[start:stop], positions_gpu=self.positions_gpu[start:stop],
             model_inputs={k: v[start:stop] for k, v in self.model_inputs.items()},
-            prompts_cpu=self.prompts_cpu[start:stop])
+            prompts_cpu=self.prompts_cpu[start:stop], slots_cpu=self.slots_cpu[start:stop])
 
 
 # A prefill shares its prompts' common prefix when that skips at least this many
@@ -75,13 +79,17 @@ class ForwardBatch:
 PREFIX_MIN_SAVED_TOKENS = 512
 
 
+def _common(a: list[int], b: list[int]) -> int:
+    """Tokens a and b start with."""
+    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+
+
 def shared_prefix(prompts: list[list[int]]) -> int:
     """Tokens every prompt starts with, leaving each prompt at least one token of its own
     (the row's logits come from its last token, which must be in the row's own forward)."""
     # the lexicographic min and max of the lists share exactly what all of them share (C speed)
     lo, hi = min(prompts), max(prompts)
-    n = next((i for i, (a, b) in enumerate(zip(lo, hi)) if a != b), min(len(lo), len(hi)))
-    return max(min(n, min(len(p) for p in prompts) - 1), 0)
+    return max(min(_common(lo, hi), min(len(p) for p in prompts) - 1), 0)
 
 
 @dataclass(frozen=True)
@@ -106,6 +114,10 @@ class Engine:
         self.prefill_graphs = None  # small prefills replay graphs too (default mode, with use_graphs())
         if fixed_shapes is not None:
             self.use_graphs(capture=False)
+        # The last shared prefix run (default mode): (its token ids, the slot whose KV holds
+        # them at positions 0..len-1). That slot's row wrote them in its prefill and writes
+        # only later positions after it; a prefill into the slot (a new request there) ends this.
+        self._kept: tuple[list[int], int] | None = None
 
     def use_graphs(self, capture: bool = True) -> None:
         """Decode through DecodeGraphs (CUDA graphs when capture; the same padding eagerly otherwise)."""
@@ -154,6 +166,7 @@ class Engine:
             positions_gpu=self._tensor(positions),
             model_inputs=model_inputs,
             prompts_cpu=prompts,
+            slots_cpu=slots,
         )
 
     def _batch_attention(self, fb: ForwardBatch, prefix: int = 0) -> AttentionContext:
@@ -176,22 +189,32 @@ class Engine:
                                 prefix_len=prefix)
 
     def _share_prefix(self, fb: ForwardBatch) -> int:
-        """For an eager default-mode prefill whose prompts share a prefix worth sharing
-        (PREFIX_MIN_SAVED_TOKENS): the prefix's KV written into every row's slot, by one
-        one-row forward into the first row's slot (a graph replay where one fits) and a
-        copy. Returns the prefix length (0: nothing shared, nothing run)."""
-        if len(fb.prompts_cpu) != fb.batch_size or fb.batch_size < 2:
+        """For an eager default-mode prefill whose prompts share a prefix: that prefix's KV
+        written into every row's slot, and its length returned (0: nothing shared, nothing
+        run). Either the kept prefix's KV, copied (as much of it as the prompts share), or,
+        where running this batch's own common prefix saves PREFIX_MIN_SAVED_TOKENS more
+        token-forwards than that, a one-row forward of it into the first row's slot (a graph
+        replay where one fits) and a copy into the others; that prefix is then the kept one."""
+        n = fb.batch_size
+        if len(fb.prompts_cpu) != n:
             return 0
         p = shared_prefix(fb.prompts_cpu)
-        if (fb.batch_size - 1) * p < PREFIX_MIN_SAVED_TOKENS:
+        ids = fb.prompts_cpu[0][:p]
+        kept = _common(self._kept[0], ids) if self._kept else 0  # (none kept where slots_cpu is not given)
+        if p and (n - 1) * p - PREFIX_MIN_SAVED_TOKENS >= n * kept:
+            one = fb.rows(0, 1)
+            one.lengths_cpu, one.positions_gpu, one.prompts_cpu = [p], one.positions_gpu[:, :p], [ids]
+            one.model_inputs = {k: v[:, :p] for k, v in one.model_inputs.items()}
+            self.forward(one)  # for its KV writes (a prefill like any other: a graph where one fits)
+            self._kept = (ids, fb.slots_cpu[0]) if len(fb.slots_cpu) == n else None
+            source, targets = fb.slots_gpu[:1], fb.slots_gpu[1:]
+        elif kept:
+            p = kept
+            source, targets = self._tensor([self._kept[1]]), fb.slots_gpu
+        else:
             return 0
-        one = fb.rows(0, 1)
-        one.lengths_cpu, one.positions_gpu, one.prompts_cpu = [p], one.positions_gpu[:, :p], [one.prompts_cpu[0][:p]]
-        one.model_inputs = {k: v[:, :p] for k, v in one.model_inputs.items()}
-        self.forward(one)  # for its KV writes (a prefill like any other: a graph where one fits)
-        first, rest = fb.slots_gpu[:1], fb.slots_gpu[1:]
         for cache in (self.kv.k_gpu, self.kv.v_gpu):  # [layers, slots, KVH, max_seq_len, D]
-            cache[:, rest, :, :p] = cache[:, :, :, :p].index_select(1, first)
+            cache[:, targets, :, :p] = cache[:, :, :, :p].index_select(1, source)
         return p
 
     def captures_graphs(self) -> bool:
@@ -210,6 +233,8 @@ class Engine:
             if post is None:
                 return torch.cat(outs)
             return {k: torch.cat([o[k] for o in outs]) for k in outs[0]}
+        if fb.is_prefill and self._kept and (len(fb.slots_cpu) != fb.batch_size or self._kept[1] in fb.slots_cpu):
+            self._kept = None  # this prefill rewrites (or may rewrite) the kept prefix's slot
         if self.deterministic:  # prefill; decode went through self.graphs above
             return self._prefill_fixed(fb)
         if self.prefill_graphs is not None:

@@ -115,3 +115,59 @@ def test_cached_attention_after_a_prefix_is_causal_to_the_last_key():
     seen = torch.arange(p + t)[None, :] <= torch.arange(p, p + t)[:, None]  # [T, P + T]
     want = torch.softmax(s.masked_fill(~seen, float("-inf")), -1) @ v
     torch.testing.assert_close(ctx.attend_cached_causal(0, q).double(), want, atol=1e-5, rtol=1e-5)
+
+
+def _prefill(engine, prompts: list[list[int]], slots: list[int]) -> torch.Tensor:
+    t = max(len(p) for p in prompts)
+    fb = ForwardBatch(is_prefill=True, rids=[str(s) for s in slots], slots_gpu=torch.tensor(slots),
+                      lengths_cpu=[len(p) for p in prompts], steps_cpu=[0] * len(prompts),
+                      steps_gpu=torch.zeros(len(prompts), dtype=torch.int64),
+                      positions_gpu=torch.arange(t).expand(len(prompts), t),
+                      model_inputs={"input_ids": torch.tensor([p + [0] * (t - len(p)) for p in prompts])},
+                      prompts_cpu=prompts, slots_cpu=slots)
+    return engine.forward(fb)
+
+
+def test_kept_prefix_serves_later_prefills_until_its_slot_is_rewritten(model, monkeypatch):
+    """A later prefill whose prompts open with the kept prefix copies its keys (its forward
+    runs only the rows' own tokens) and computes what the whole prompts do; once a prefill
+    rewrites the kept prefix's slot, the next one does not read that slot's new keys."""
+    g = torch.Generator().manual_seed(4)
+    prefix = torch.randint(0, 250, (21,), generator=g).tolist()
+
+    def prompts(*own):
+        return [prefix + torch.randint(0, 250, (n,), generator=g).tolist() for n in own]
+
+    first, second, third = prompts(5, 9), prompts(3, 7, 2), prompts(6, 4)
+    other = [torch.randint(0, 250, (30,), generator=g).tolist()]  # shares nothing with the prefix
+    cfg = model.cfg
+    widths = []  # tokens a row each forward of the model ran
+    forward = model.forward
+    monkeypatch.setattr(model, "forward", lambda attn, **kw: widths.append(kw["input_ids"].shape[1]) or forward(attn, **kw))
+
+    def engine():
+        return Engine(model, KVCache(cfg.num_hidden_layers, 8, cfg.num_key_value_heads, 128, cfg.head_dim,
+                                     torch.float32, CPU), CPU)
+
+    def whole(batch, slots):  # the oracle: a fresh engine, nothing shared
+        monkeypatch.setattr(engine_mod, "PREFIX_MIN_SAVED_TOKENS", 10 ** 9)
+        out = _prefill(engine(), batch, slots)
+        monkeypatch.setattr(engine_mod, "PREFIX_MIN_SAVED_TOKENS", 1)
+        return out
+
+    want = [whole(first, [5, 0]), whole(second, [2, 6, 4]), whole(third, [1, 3])]
+    monkeypatch.setattr(engine_mod, "PREFIX_MIN_SAVED_TOKENS", 1)
+    e = engine()
+    widths.clear()
+    got = _prefill(e, first, [5, 0])  # runs the prefix into slot 5, keeps it
+    assert widths == [21, 9]  # the prefix alone, then the rows' own tokens (the longest has 9)
+    torch.testing.assert_close(got, want[0], atol=1e-5, rtol=1e-5)
+    widths.clear()
+    got = _prefill(e, second, [2, 6, 4])
+    assert widths == [7]  # the kept prefix copied: only the rows' own tokens ran
+    torch.testing.assert_close(got, want[1], atol=1e-5, rtol=1e-5)
+    _prefill(e, other, [5])  # a new request in the kept prefix's slot
+    widths.clear()
+    got = _prefill(e, third, [1, 3])
+    assert widths == [21, 6]  # the prefix ran again (slot 5 no longer holds it)
+    torch.testing.assert_close(got, want[2], atol=1e-5, rtol=1e-5)

@@ -52,7 +52,7 @@ def _tile(programs: int, device: torch.device) -> tuple[int, int]:
     most four an SM: there 32 keys and 2 warps were the fastest (the H200's 32- and 64-row
     buckets: 256 and 512 programs on 132 SMs). A layer's call over 28 separate caches (L2-cold,
     as in a step; benchmarks/attention_probe.py, H200), µs at 100 / 164 / 264 keys a row:
-    64 rows 10.9 / 15.0 / 21.0 against 11.7 / 15.7 / 21.8 at 32 keys and 4 warps and 11.1 /
+    64 rows 10.9 / 15.0 / 21.0 against 11.7 / 15.6 / 21.7 at 32 keys and 4 warps and 11.1 /
     17.1 / 25.4 at 64 keys (whose 3-stage pipeline keeps 96 KB of tiles: two programs an SM, so
     512 need two waves); 32 rows 6.9 / 9.3 / 12.4 against 7.2 / 9.7 / 13.1 at 64 keys. At 128
     and 256 rows 64 keys and 4 warps were the fastest or level. The block is part of a row's

@@ -25,6 +25,7 @@ from omni_cli.params import SamplingParams
 from omni_cli.scheduler import Request, Scheduler
 from omni_cli.warmup import warm_up_lm
 from runners.attention import KVCache
+from runners.device import blas_library
 from runners.engine import Engine
 from runners.higgs_audio_v2.codec import HiggsCodecDecoder
 from runners.higgs_audio_v2.model import HiggsAudioV2LM
@@ -131,7 +132,8 @@ def _transformers(ref, cfg, batch, frames, prompt_len, device):
     ids = torch.tensor(_prompts(cfg, batch, prompt_len), device=device)
     _sync(device)
     t0 = time.perf_counter()
-    with torch.inference_mode():
+    # transformers as PyTorch runs it by default (our engine made cuBLASLt the process's BLAS)
+    with torch.inference_mode(), blas_library("default"):
         out = ref.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=frames, do_sample=True,
                            temperature=1.0, top_k=50, top_p=0.95)
     _sync(device)

@@ -42,6 +42,35 @@ def host_buffer(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device
 RUNTIME_SLACK_BYTES = 1 << 30
 
 
+# The engine's GEMMs go through cuBLASLt, not the cuBLAS PyTorch picks by default: at 64 rows
+# cuBLAS split the down projection into a GEMM and a reduction kernel; through cuBLASLt the
+# decode step took 2.432 against 2.527 ms (4.079 against 4.084 at 256 rows; batch 1 runs no
+# cuBLAS GEMM) and omni generate at batch 64 gave 783-794 against 745-767 audio-s/s
+# (benchmarks/gemv_step.py, e2e_generate.py, H200, BENCHMARKS.md)
+ENGINE_BLAS = "cublaslt"
+
+
+def use_engine_blas(device: torch.device) -> None:
+    """Make ENGINE_BLAS PyTorch's BLAS on CUDA. Process-wide, and once set, left set: every GEMM
+    of the run then takes it (the codec's included), whichever thread runs it and whenever; a
+    setting toggled around the engine's calls would let a codec call beside them take either
+    library, and so the run's bytes depend on timing."""
+    if device.type == "cuda":
+        torch.backends.cuda.preferred_blas_library(ENGINE_BLAS)
+
+
+@contextlib.contextmanager
+def blas_library(name: str):
+    """PyTorch's BLAS set to `name` inside the block (one thread's work, nothing beside it: a
+    peer measured as PyTorch runs it by default), restored after."""
+    before = torch.backends.cuda.preferred_blas_library()
+    torch.backends.cuda.preferred_blas_library(name)
+    try:
+        yield
+    finally:
+        torch.backends.cuda.preferred_blas_library(before)
+
+
 # Held by every CUDA graph capture, and by the device-wide calls made beside one: a capture
 # must not overlap another thread's device synchronize or cache flush, which spoil it (and
 # torch.cuda.graph, used by the LM's graphs, does both before it captures). The codec

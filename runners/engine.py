@@ -43,6 +43,7 @@ from dataclasses import dataclass, field
 import torch
 
 from runners.attention import AttentionContext, KVCache
+from runners.device import use_engine_blas
 
 
 @dataclass
@@ -107,6 +108,7 @@ class Engine:
         self.model = model
         self.kv = kv  # deterministic mode: one slot more than requests can own (the padding rows' slot)
         self.device = device
+        use_engine_blas(device)  # process-wide (runners/device.py)
         self.fixed_shapes = fixed_shapes  # None: default mode (shapes follow the batch)
         # padded decode (runners/cuda_graphs.py): deterministic mode always
         # decodes through it; use_graphs() makes it replay CUDA graphs

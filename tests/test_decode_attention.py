@@ -11,7 +11,7 @@ import pytest
 
 from tests.conftest import REPO
 
-pytest.importorskip("triton")
+triton = pytest.importorskip("triton")
 
 
 @pytest.mark.parametrize("script", ["interpret_decode_attention", "interpret_fused_decode", "interpret_fused_draw",
@@ -21,3 +21,22 @@ def test_kernels_in_interpreter(script):
     res = subprocess.run([sys.executable, "-m", f"tests.{script}"], cwd=REPO, env=env,
                          capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stdout + res.stderr[-3000:]
+
+
+@pytest.mark.parametrize("block, warps", [(32, 2), (64, 4)])
+def test_multi_row_attention_compiles_for_hopper(block, warps):
+    """The interpreter runs a kernel as Python, so it misses what only Triton's compiler rejects
+    (a variable typed int32 before a loop and int64 inside it, in a version of this kernel, failed
+    on the GPU only). Triton compiles for sm_90 without a GPU: the multi-row kernel as the engine
+    launches it (int64 slots and lengths, bf16 at the 3B shape's heads), at both of its tiles."""
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from runners.decode_attention import _decode_attention_kernel
+
+    sig = {**{p: "*bf16" for p in ("q_ptr", "k_ptr", "v_ptr", "out_ptr")}, "slots_ptr": "*i64", "lengths_ptr": "*i64",
+           **{s: "i32" for s in ("stride_qb", "stride_qh", "stride_ob", "stride_oh", "stride_cs", "stride_ch",
+                                 "stride_ct")}, "scale": "fp32"}
+    consts = {"REP": 3, "REP_PAD": 16, "D": 128, "BLOCK": block, "USE_DOT": True}
+    src = ASTSource(_decode_attention_kernel, {**sig, **{k: "constexpr" for k in consts}}, constexprs=consts)
+    assert triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps}).asm["cubin"]

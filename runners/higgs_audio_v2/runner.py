@@ -280,15 +280,31 @@ class HiggsRunner(ModelRunner):
         sizes = _batches(most, self.codec_rows_per_call(max_new_frames))
         if drain:
             sizes = _batches(most, self.codec_rows_per_call(max_new_frames, drain=True)) - sizes
-        # on CUDA two calls a shape beside the loop: the first plans and compiles, the second
-        # captures the shape's graph (codec_graphs.py); the drain's are captured at the drain,
-        # when the loop no longer needs the memory their graphs keep
-        calls = 2 if self.device.type == "cuda" and not drain else 1
+        # on CUDA two calls a shape: the first plans and compiles, the second captures the shape's
+        # graph (codec_graphs.py). The drain's graphs keep a drain call's activations in the pool
+        # for the whole run, so they are captured here only where that memory is spare, else at
+        # the drain (when the loop no longer needs it). Captured here, the codec's part of a
+        # batch-64 one-wave tail took 0.051-0.055 s against 0.057-0.061 (e2e_generate.py, H200)
+        length = _length_bucket(self._codec_span(frames)[1])
+        graphed = self.device.type == "cuda" and (not drain or self._spare(codec_bytes(
+            max(sizes, default=0) * length, next(self.codec.parameters()).dtype)))
+        calls = 2 if graphed else 1
         for n in sorted(sizes):
             for _ in range(calls):
                 self.decode_audio([frames] * n, batched, drain=drain)
         if drain and self.device.type == "cuda":
             empty_cache()  # the KV budget keeps room for the calls beside the loop only
+
+    def _spare(self, nbytes: int) -> bool:
+        """Whether nbytes more of device memory may be held for the whole run: free now, beyond all
+        the room the KV budget keeps (build: kv_budget; part of its codec term is the codec
+        graphs' pool, which already holds a call's activations, so this counts it twice)."""
+        if self.kv_budget is None:
+            return False
+        kept = sum(self.kv_budget[k] for k in ("prefill_peak_mib", "codec_mib", "slack_mib")) * 2**20
+        empty_cache()
+        free, _ = torch.cuda.mem_get_info(self.device)
+        return free >= kept + nbytes
 
     def decode_audio(self, tokens: list[np.ndarray], batched: bool, drain: bool = False) -> list[np.ndarray]:
         """Generated frames, [T, C] per request -> their audio, int16 samples [samples] each at

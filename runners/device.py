@@ -8,6 +8,8 @@ async-decode logic above this module is the same on both, so CI runs it.
 from __future__ import annotations
 
 import contextlib
+import os
+import sys
 import threading
 
 import torch
@@ -55,8 +57,33 @@ def use_engine_blas(device: torch.device) -> None:
     of the run then takes it (the codec's included), whichever thread runs it and whenever; a
     setting toggled around the engine's calls would let a codec call beside them take either
     library, and so the run's bytes depend on timing."""
-    if device.type == "cuda":
-        torch.backends.cuda.preferred_blas_library(ENGINE_BLAS)
+    if device.type == "cuda" and torch.backends.cuda.preferred_blas_library().name.lower() != ENGINE_BLAS:
+        # torch's C++ prints a one-time "experimental feature" warning on this call, straight to
+        # the process's stderr, which `omni generate -q` keeps for errors: the choice was measured
+        with stderr_silenced():
+            torch.backends.cuda.preferred_blas_library(ENGINE_BLAS)
+
+
+@contextlib.contextmanager
+def stderr_silenced():
+    """File descriptor 2 pointed at os.devnull inside the block, C++ writes included. HAZARD:
+    process-wide: another thread's writes to stderr meanwhile are lost, so keep the block to a
+    call made before any thread that reports runs."""
+    if sys.stderr is not None:
+        sys.stderr.flush()
+    try:
+        saved = os.dup(2)
+    except OSError:  # no stderr at all (closed by whoever started the process): nothing to silence
+        yield
+        return
+    null = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(null, 2)
+    try:
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(null)
 
 
 @contextlib.contextmanager

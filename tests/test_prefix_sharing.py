@@ -40,19 +40,25 @@ def model():
     return m.to_runtime(CPU, torch.float32)
 
 
+def _prefill_batch(prompts: list[list[int]], slots: list[int]) -> ForwardBatch:
+    """A prefill of these prompts (right-padded) into these slots, as build_forward_batch makes one."""
+    t = max(len(p) for p in prompts)
+    return ForwardBatch(is_prefill=True, rids=[str(s) for s in slots], slots_gpu=torch.tensor(slots),
+                        lengths_cpu=[len(p) for p in prompts], steps_cpu=[0] * len(prompts),
+                        steps_gpu=torch.zeros(len(prompts), dtype=torch.int64),
+                        positions_gpu=torch.arange(t).expand(len(prompts), t),
+                        model_inputs={"input_ids": torch.tensor([p + [0] * (t - len(p)) for p in prompts])},
+                        prompts_cpu=prompts, slots_cpu=slots)
+
+
 def _run(model, prompts: list[list[int]], slots: list[int], min_saved: int, monkeypatch):
     """Prefill then three decode steps through a fresh engine -> (logits per forward, kv)."""
     monkeypatch.setattr(engine_mod, "PREFIX_MIN_SAVED_TOKENS", min_saved)
     cfg = model.cfg
     kv = KVCache(cfg.num_hidden_layers, 8, cfg.num_key_value_heads, 128, cfg.head_dim, torch.float32, CPU)
     engine = Engine(model, kv, CPU)
-    t = max(len(p) for p in prompts)
     lens = [len(p) for p in prompts]
-    fb = ForwardBatch(is_prefill=True, rids=[str(i) for i in range(len(prompts))], slots_gpu=torch.tensor(slots),
-                      lengths_cpu=lens, steps_cpu=[0] * len(prompts), steps_gpu=torch.zeros(len(prompts), dtype=torch.int64),
-                      positions_gpu=torch.arange(t).expand(len(prompts), t),
-                      model_inputs={"input_ids": torch.tensor([p + [0] * (t - len(p)) for p in prompts])},
-                      prompts_cpu=prompts)
+    fb = _prefill_batch(prompts, slots)
     outs = [engine.forward(fb)]
     g = torch.Generator().manual_seed(1)
     for s in range(1, 4):
@@ -118,14 +124,7 @@ def test_cached_attention_after_a_prefix_is_causal_to_the_last_key():
 
 
 def _prefill(engine, prompts: list[list[int]], slots: list[int]) -> torch.Tensor:
-    t = max(len(p) for p in prompts)
-    fb = ForwardBatch(is_prefill=True, rids=[str(s) for s in slots], slots_gpu=torch.tensor(slots),
-                      lengths_cpu=[len(p) for p in prompts], steps_cpu=[0] * len(prompts),
-                      steps_gpu=torch.zeros(len(prompts), dtype=torch.int64),
-                      positions_gpu=torch.arange(t).expand(len(prompts), t),
-                      model_inputs={"input_ids": torch.tensor([p + [0] * (t - len(p)) for p in prompts])},
-                      prompts_cpu=prompts, slots_cpu=slots)
-    return engine.forward(fb)
+    return engine.forward(_prefill_batch(prompts, slots))
 
 
 def test_kept_prefix_serves_later_prefills_until_its_slot_is_rewritten(model, monkeypatch):

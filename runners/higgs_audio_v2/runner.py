@@ -254,13 +254,9 @@ class HiggsRunner(ModelRunner):
         rows = max(1, CODEC_BATCH_FRAMES // length)
         if not drain:
             return rows
-        if self.device.type == "cuda":
-            # the loop has stopped: hand its cached blocks back, then count only what is free
-            # (a block cached for the loop's stream would not serve this one)
-            empty_cache()
-            free, _ = torch.cuda.mem_get_info(self.device)
-            if free < codec_bytes(CODEC_DRAIN_FRAMES, next(self.codec.parameters()).dtype):
-                return rows
+        # the loop has stopped: its cached blocks are handed back first (_free_bytes)
+        if self.device.type == "cuda" and self._free_bytes() < self._call_bytes(CODEC_DRAIN_FRAMES):
+            return rows
         return max(rows, 1 << (max(CODEC_DRAIN_FRAMES // length, 1).bit_length() - 1))
 
     def warm_codec(self, max_new_frames: int, rows: int, batched: bool, drain: bool = False) -> None:
@@ -271,7 +267,8 @@ class HiggsRunner(ModelRunner):
         their length bucket; else one row at their exact length. Run it on the thread that
         will decode (cuDNN's set-up is per thread as well as per shape)."""
         frames = np.zeros((max_new_frames, self.num_streams), dtype=np.int64)  # max_new_frames - C codec frames
-        if self._codec_span(frames)[1] == 0 or (drain and not batched):
+        span = self._codec_span(frames)[1]
+        if span == 0 or (drain and not batched):
             return
         if not batched:
             self.decode_audio([frames], batched)
@@ -285,9 +282,8 @@ class HiggsRunner(ModelRunner):
         # for the whole run, so they are captured here only where that memory is spare, else at
         # the drain (when the loop no longer needs it). Captured here, the codec's part of a
         # batch-64 one-wave tail took 0.051-0.055 s against 0.057-0.061 (e2e_generate.py, H200)
-        length = _length_bucket(self._codec_span(frames)[1])
-        graphed = self.device.type == "cuda" and (not drain or self._spare(codec_bytes(
-            max(sizes, default=0) * length, next(self.codec.parameters()).dtype)))
+        graphed = self.device.type == "cuda" and (
+            not drain or self._spare(self._call_bytes(max(sizes, default=0) * _length_bucket(span))))
         calls = 2 if graphed else 1
         for n in sorted(sizes):
             for _ in range(calls):
@@ -302,9 +298,14 @@ class HiggsRunner(ModelRunner):
         if self.kv_budget is None:
             return False
         kept = sum(self.kv_budget[k] for k in ("prefill_peak_mib", "codec_mib", "slack_mib")) * 2**20
+        return self._free_bytes() >= kept + nbytes
+
+    def _free_bytes(self) -> int:  # CUDA: cached blocks handed back first (another stream's would not serve)
         empty_cache()
-        free, _ = torch.cuda.mem_get_info(self.device)
-        return free >= kept + nbytes
+        return torch.cuda.mem_get_info(self.device)[0]
+
+    def _call_bytes(self, frames: int) -> int:  # a codec call's peak, in the codec's dtype
+        return codec_bytes(frames, next(self.codec.parameters()).dtype)
 
     def decode_audio(self, tokens: list[np.ndarray], batched: bool, drain: bool = False) -> list[np.ndarray]:
         """Generated frames, [T, C] per request -> their audio, int16 samples [samples] each at

@@ -32,8 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from omni_cli.output import OutputWriter  # noqa: E402
 from runners.audio import pcm16  # noqa: E402
-from runners.higgs_audio_v2.codec import HiggsCodecDecoder  # noqa: E402
-from runners.higgs_audio_v2.shapes import codec_config  # noqa: E402
+from runners.higgs_audio_v2.shapes import random_codec  # noqa: E402
 from benchmarks.timing import write_results  # noqa: E402
 
 FRAMES = 192  # codec frames of a 200-frame row after the delay pattern
@@ -57,8 +56,6 @@ def _calls(codec, codes, lengths, calls: int, write) -> tuple[float, float]:
 
 
 def main() -> None:
-    from transformers import HiggsAudioV2TokenizerModel
-
     ap = argparse.ArgumentParser()
     ap.add_argument("--rows", type=int, default=32)
     ap.add_argument("--calls", type=int, default=8)
@@ -66,9 +63,7 @@ def main() -> None:
     args = ap.parse_args()
     dev = torch.device("cuda")
     torch.manual_seed(0)
-    with tempfile.TemporaryDirectory() as tmp:
-        HiggsAudioV2TokenizerModel(codec_config("higgs-audio-v2-3b")).save_pretrained(tmp)
-        codec = HiggsCodecDecoder.load(Path(tmp), torch.bfloat16, dev)
+    codec = random_codec("higgs-audio-v2-3b", torch.bfloat16, dev)
     codes = torch.randint(0, 1024, (args.rows, 8, FRAMES), device=dev)
     lengths = torch.full((args.rows,), FRAMES, device=dev)
     tokens = np.zeros((FRAMES + 8, 8), dtype=np.int64)

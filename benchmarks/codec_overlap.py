@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import sys
-import tempfile
 import threading
 import time
 from pathlib import Path
@@ -35,8 +34,7 @@ from omni_cli.bench import random_model  # noqa: E402
 from runners.attention import KVCache  # noqa: E402
 from runners.device import priority_stream  # noqa: E402
 from runners.engine import Engine  # noqa: E402
-from runners.higgs_audio_v2.codec import HiggsCodecDecoder  # noqa: E402
-from runners.higgs_audio_v2.shapes import codec_config  # noqa: E402
+from runners.higgs_audio_v2.shapes import random_codec  # noqa: E402
 from benchmarks.timing import write_results  # noqa: E402
 
 
@@ -66,8 +64,6 @@ def _codec_stream(green):
 
 
 def main() -> None:
-    from transformers import HiggsAudioV2TokenizerModel
-
     ap = argparse.ArgumentParser()
     ap.add_argument("--batch", type=int, nargs="+", default=[64, 256])
     ap.add_argument("--steps", type=int, default=200)
@@ -80,9 +76,7 @@ def main() -> None:
     args = ap.parse_args()
     dev = torch.device("cuda")
     _, model, _ = random_model("higgs-audio-v2-3b", torch.bfloat16, dev, 512)
-    with tempfile.TemporaryDirectory() as tmp:
-        HiggsAudioV2TokenizerModel(codec_config("higgs-audio-v2-3b")).save_pretrained(tmp)
-        codec = HiggsCodecDecoder.load(Path(tmp), torch.bfloat16, dev)
+    codec = random_codec("higgs-audio-v2-3b", torch.bfloat16, dev)
     codes = torch.randint(0, 1024, (args.rows, 8, 192), device=dev)
     lengths = torch.full((args.rows,), 192, device=dev)
     cfg = model.cfg

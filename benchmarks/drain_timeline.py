@@ -131,7 +131,7 @@ def _alone(root: Path, rows: int, calls: int) -> tuple[dict, list[dict]]:
 def main() -> None:
     ap = argparse.ArgumentParser()
     add_one_wave_args(ap)
-    ap.add_argument("--drain-rows", type=int, default=32, help="rows per codec call at the drain (alone)")
+    ap.add_argument("--drain-rows", type=int, default=8, help="rows per codec call at the drain (alone)")
     ap.add_argument("--top", type=int, default=16)
     ap.add_argument("--cudnn-benchmark", action="store_true",
                     help="cuDNN's benchmark mode (it times the candidates for each new shape) for the whole process")

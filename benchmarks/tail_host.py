@@ -10,7 +10,7 @@ loop's end, their seconds in all, the CPU seconds their thread spent in them
 (time.thread_time: what is left of the wall time is waiting, for the GIL,
 a lock or the disk), and when the first began and the last ended (ms after
 the loop's end). The steps: where each row's codec codes
-are, the calls' sizes chosen (with the cache flush), each codec call queued
+are, the calls' sizes chosen, each codec call queued
 and collected, a graph captured, each row's files encoded and published, its
 manifest row, and the manifest's final rewrite.
 Uses the random 3B checkpoint of benchmarks/e2e_generate.py (written once
@@ -39,7 +39,6 @@ from benchmarks.timing import write_results  # noqa: E402
 # (module path, attribute path): the host steps timed, in the order they happen
 STEPS = (("runners.higgs_audio_v2.runner", "HiggsRunner._codec_span"),
          ("runners.higgs_audio_v2.runner", "HiggsRunner._rows_per_call"),
-         ("runners.higgs_audio_v2.runner", "empty_cache"),
          ("runners.higgs_audio_v2.runner", "HiggsRunner._launch_codec"),
          ("runners.codec_graphs", "CodecGraphs._record"),
          ("runners.higgs_audio_v2.runner", "HiggsRunner._collect_codec"),

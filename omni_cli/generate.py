@@ -343,18 +343,15 @@ def _warm_up(runner, queued: list[Request], config, codec_thread, batch_codec: b
     codec = codec_thread.submit(runner.warm_codec, frames, runner.num_slots, batch_codec)
     warm_up_lm(runner, queued, config.max_seq_len, config.async_decode)
     codec.result()
-    # the drain's larger calls last, when the LM's warm-up no longer holds memory
-    codec_thread.submit(runner.warm_codec, frames, runner.num_slots, batch_codec, True).result()
 
 
 def decode_rows(runner, tokens: list[np.ndarray], batched: bool, drain: bool = False):
     """Yields (row index, its audio as int16 samples or the error that kept it from being
     decoded) for every row, each codec call's rows as soon as that call completes
-    (``drain``: the decode loop has stopped, so calls may be larger: runner.decode_audio_calls).
+    (``drain``: the decode loop has stopped, so calls are smaller: runner.decode_audio_calls).
 
     When a call fails (a batch out of memory, say), the rows not yet yielded
-    are retried: after a drain call at the usual call size, then one by one,
-    so that only a row that fails alone is lost."""
+    are retried one by one, so that only a row that fails alone is lost."""
     done: set[int] = set()
     try:
         for rows, waves in runner.decode_audio_calls(tokens, batched=batched, drain=drain):
@@ -366,12 +363,7 @@ def decode_rows(runner, tokens: list[np.ndarray], batched: bool, drain: bool = F
         if len(tokens) == 1:
             yield 0, e
             return
-    rest = [i for i in range(len(tokens)) if i not in done]
-    if drain:
-        for j, wave in decode_rows(runner, [tokens[i] for i in rest], batched):
-            yield rest[j], wave
-        return
-    for i in rest:
+    for i in sorted(set(range(len(tokens))) - done):
         try:
             yield i, runner.decode_audio([tokens[i]], batched=False)[0]
         except (RuntimeError, ValueError) as e:

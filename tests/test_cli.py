@@ -231,59 +231,46 @@ def test_batched_codec_pads_rows_to_shared_shapes_and_sounds_as_if_alone(monkeyp
         assert np.abs(got.astype(np.int32) - want).max() <= 1
 
 
-def test_codec_calls_after_the_loop_hold_more_rows_and_sound_the_same(monkeypatch):
-    """At the drain (the decode loop has stopped) calls hold up to CODEC_DRAIN_FRAMES in a
-    power-of-two batch instead of CODEC_BATCH_FRAMES, where that pads no more rows; each
-    row's audio stays its own, and the warm-up decodes at every batch either kind of call
-    takes, the drain's padded last call included."""
+def test_codec_calls_after_the_loop_hold_fewer_rows_and_sound_the_same(monkeypatch):
+    """At the drain (the decode loop has stopped) calls hold a power of two of rows: about a
+    CODEC_DRAIN_CALLS-th of the drain's rows, at least what CODEC_DRAIN_FRAMES hold, at most
+    what a call beside the loop holds; each row's audio stays its own, and the warm-up decodes
+    at every batch either kind of call takes, so the drain captures none."""
     import runners.higgs_audio_v2.runner as higgs_runner
 
     runner = _tiny_runner()
     rng = np.random.default_rng(2)
     tokens = [_frames(rng, 40) for _ in range(8)]  # 31 codec frames each: bucket 32
     monkeypatch.setattr(higgs_runner, "CODEC_LENGTH_BUCKET", 32)
-    monkeypatch.setattr(higgs_runner, "CODEC_BATCH_FRAMES", 3 * 32)
-    monkeypatch.setattr(higgs_runner, "CODEC_DRAIN_FRAMES", 6 * 32)  # 6 rows: a batch of 4
+    monkeypatch.setattr(higgs_runner, "CODEC_BATCH_FRAMES", 4 * 32)
+    monkeypatch.setattr(higgs_runner, "CODEC_DRAIN_FRAMES", 3 * 32)  # 3 rows: a batch of 2
     calls = _codec_calls(monkeypatch)
     during = runner.decode_audio(tokens, batched=True)
-    assert sorted(calls) == [((2, 8, 32), False)] + [((3, 8, 32), False)] * 2
+    assert sorted(calls) == [((4, 8, 32), False)] * 2
     calls.clear()
     drained = runner.decode_audio(tokens, batched=True, drain=True)
-    assert sorted(calls) == [((4, 8, 32), False)] * 2  # 8 rows in two calls, not three
+    assert sorted(calls) == [((2, 8, 32), False)] * 4
     calls.clear()
-    runner.decode_audio(tokens[:7], batched=True, drain=True)  # 4 + 3 padded to 4 would pad 8 rows: 3 + 3 + 1
-    assert sorted(calls) == [((1, 8, 32), False)] + [((3, 8, 32), False)] * 2
-    assert runner.codec_rows_per_call(40, drain=True) == 4 and runner.codec_rows_per_call(40) == 3
+    runner.decode_audio(tokens[:7], batched=True, drain=True)  # 2 + 2 + 2 + 1
+    assert sorted(calls) == [((1, 8, 32), False)] + [((2, 8, 32), False)] * 3
+    assert runner.codec_rows_per_call(40, drain_rows=8) == 2 and runner.codec_rows_per_call(40) == 4
+    monkeypatch.setattr(higgs_runner, "CODEC_DRAIN_CALLS", 2)  # a larger drain: about two calls
+    assert [runner.codec_rows_per_call(40, drain_rows=n) for n in (4, 6, 8, 64)] == [2, 2, 4, 4]
+    monkeypatch.setattr(higgs_runner, "CODEC_DRAIN_FRAMES", 64 * 32)  # never more than a usual call
+    assert runner.codec_rows_per_call(40, drain_rows=8) == 4
     for got, want in zip(drained, during):
         assert got.shape == want.shape
         assert np.abs(got.astype(np.int32) - want).max() <= 1
-    for slots, beside, drain in ((3, [1, 2, 3], [4]), (1, [1], []), (8, [1, 2, 3], [4])):
+    monkeypatch.setattr(higgs_runner, "CODEC_DRAIN_FRAMES", 3 * 32)
+    monkeypatch.setattr(higgs_runner, "CODEC_DRAIN_CALLS", 8)
+    for slots, batches in ((3, [1, 2, 4]), (1, [1]), (8, [1, 2, 4])):
         calls.clear()
         runner.warm_codec(40, rows=slots, batched=True)
-        assert sorted(shape[0] for shape, _ in calls) == beside, slots
+        assert sorted(shape[0] for shape, _ in calls) == batches, slots
         calls.clear()
-        runner.warm_codec(40, rows=slots, batched=True, drain=True)
-        assert [shape[0] for shape, _ in calls] == drain, slots
-
-
-def test_a_failed_drain_call_falls_back_to_the_usual_calls(monkeypatch):
-    """A drain call that fails (out of memory, say) is retried at the usual call size before
-    any row goes alone."""
-    import runners.higgs_audio_v2.runner as higgs_runner
-    from omni_cli.generate import decode_rows
-
-    runner = _tiny_runner()
-    rng = np.random.default_rng(3)
-    tokens = [_frames(rng, 40) for _ in range(8)]
-    monkeypatch.setattr(higgs_runner, "CODEC_LENGTH_BUCKET", 32)
-    monkeypatch.setattr(higgs_runner, "CODEC_BATCH_FRAMES", 3 * 32)
-    monkeypatch.setattr(higgs_runner, "CODEC_DRAIN_FRAMES", 6 * 32)
-    want = runner.decode_audio(tokens, batched=True)
-    calls = _codec_calls(monkeypatch, fail=lambda batch, call: batch == 4)
-    got = dict(decode_rows(runner, tokens, batched=True, drain=True))
-    assert [shape[0] for shape, _ in calls] == [4, 3, 3, 2]  # the first drain call fails; the usual calls
-    for i, w in enumerate(want):
-        np.testing.assert_array_equal(got[i], w)
+        for n in range(1, slots + 1):  # every drain the run can have
+            runner.decode_audio(tokens[:n], batched=True, drain=True)
+        assert {shape[0] for shape, _ in calls} <= set(batches), slots
 
 
 def test_codec_calls_are_queued_before_the_first_rows_come_out(monkeypatch):

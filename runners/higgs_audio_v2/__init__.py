@@ -115,7 +115,7 @@ def _kv_slots(config: ModelConfig, cfg: HiggsConfig, model: HiggsAudioV2LM, dtyp
     # codec (runners/higgs_audio_v2/runner.py), twice where they are batched and graphed
     # (CUDA, default mode): the graphs' pool and the eager first calls of shapes not
     # captured yet each keep a call's activations (runners/codec_graphs.py); the drain's
-    # larger calls check free memory
+    # calls are smaller
     graphed = device.type == "cuda" and not config.deterministic
     codec = codec_bytes(CODEC_BATCH_FRAMES, dtype) * (2 if graphed else 1)
     headroom = prefill + codec + RUNTIME_SLACK_BYTES

@@ -28,7 +28,7 @@ from runners.attention import fused_kernels_available
 from runners.audio import pcm16
 from runners.base import BatchResult, ModelRunner, StepCollect
 from runners.codec_graphs import CodecGraphs
-from runners.device import empty_cache, host_buffer, new_event
+from runners.device import host_buffer, new_event
 from runners.engine import Engine, ForwardBatch
 from runners.higgs_audio_v2.codec import HiggsCodecDecoder
 from runners.higgs_audio_v2.config import HiggsConfig
@@ -39,13 +39,23 @@ from runners.higgs_audio_v2.config import HiggsConfig
 # (bf16, masked, batch 64 x 8 s: 6,719 audio-s/s against 5,526 at batch 21) but were
 # measured to hurt end to end (BENCHMARKS.md), so calls stay this size.
 CODEC_BATCH_FRAMES = 4096
-# Once the decode loop has stopped (the run's last rows), no decode step waits
-# behind a codec call and the room kept for prefill's activations is free, so
-# those calls hold up to this many frames (2.8 GiB in bf16), in a power-of-two
-# batch: 32 rows of 8 s. Where free memory (device and PyTorch's cache) is
-# short of CODEC_DRAIN_FRAMES at CODEC_FRAME_BYTES (bf16; twice that in float32:
-# the codec benchmark's peak memory, rounded up), they stay at CODEC_BATCH_FRAMES.
-CODEC_DRAIN_FRAMES = 8192
+# Once the decode loop has stopped (the drain: the run's last rows), the codec and the
+# writers are all that is left, at about the same rate (0.65-0.72 ms a row of 8 s for a
+# graphed call of 32 down to 8 rows, benchmarks/codec_calls.py; ~0.66-1 ms a row for four
+# writer threads, H200): the tail ends when the writers finish, which they start once the
+# first call's rows are out, and after the codec's last call they still write its rows.
+# So the drain's rows of a length bucket go in about CODEC_DRAIN_CALLS calls of a power
+# of two rows each: that share of them, or as many as CODEC_DRAIN_FRAMES hold (8 of 8 s)
+# if more, and never more than a call beside the loop holds. Batch 64, one wave: calls of
+# 8 rows against 32 gave a tail of 0.054-0.062 s against 0.069-0.085 and 802-825
+# audio-s/s against 772-792 (four runs each, alternating). More calls cost the writers:
+# at batch 256, 32 calls of 8 rows kept them busy 0.80-1.11 s against 0.68-0.83 with
+# eight calls of 32; 13 calls of 21 (what this gives) ran 1,505 and 1,505 against 1,487
+# (benchmarks/e2e_generate.py; BENCHMARKS.md).
+CODEC_DRAIN_CALLS = 8
+CODEC_DRAIN_FRAMES = 1536
+# a codec call's peak device memory per frame in bf16 (twice that in float32): the codec
+# benchmark's peak, rounded up
 CODEC_FRAME_BYTES = 350 << 10
 # batched rows are padded to a multiple of this many codec frames (2.56 s)
 CODEC_LENGTH_BUCKET = 64
@@ -72,11 +82,6 @@ def _calls(n: int, rows: int) -> list[tuple[int, int]]:
     if n % rows:
         calls.append((n % rows, min(1 << (n % rows - 1).bit_length(), rows)))
     return calls
-
-
-def _padded(n: int, rows: int) -> int:
-    """Rows the codec computes, padding included, for n rows of one bucket at `rows` a call."""
-    return sum(b for _, b in _calls(n, rows))
 
 
 def _batches(most: int, rows: int) -> set[int]:
@@ -242,70 +247,42 @@ class HiggsRunner(ModelRunner):
             self._codec_local.stream = torch.cuda.Stream(self.device)
         return torch.cuda.stream(self._codec_local.stream)
 
-    def codec_rows_per_call(self, max_new_frames: int, drain: bool = False) -> int:
-        """How many rows of max_new_frames frames one batched codec call holds (``drain``: once
-        the decode loop has stopped, if memory allows)."""
+    def codec_rows_per_call(self, max_new_frames: int, drain_rows: int = 0) -> int:
+        """How many rows of max_new_frames frames one batched codec call holds (``drain_rows``:
+        in a drain of that many such rows)."""
         n = self._codec_span(np.zeros((max_new_frames, self.num_streams), dtype=np.int64))[1]
-        return self._rows_per_call(_length_bucket(max(n, 1)), drain)
+        return self._rows_per_call(_length_bucket(max(n, 1)), drain_rows)
 
-    def _rows_per_call(self, length: int, drain: bool) -> int:
-        """Rows of a length bucket per batched call: within CODEC_BATCH_FRAMES, or at the drain a
-        power of two within CODEC_DRAIN_FRAMES, on CUDA when that much memory is free."""
+    def _rows_per_call(self, length: int, drain_rows: int = 0) -> int:
+        """Rows of a length bucket per batched call: within CODEC_BATCH_FRAMES; at a drain of
+        `drain_rows` rows of the bucket, the largest power of two within a CODEC_DRAIN_CALLS-th
+        of them or what CODEC_DRAIN_FRAMES hold, whichever is more, but no more than the former."""
         rows = max(1, CODEC_BATCH_FRAMES // length)
-        if not drain:
+        if not drain_rows:
             return rows
-        # the loop has stopped: its cached blocks are handed back first (_free_bytes)
-        if self.device.type == "cuda" and self._free_bytes() < self._call_bytes(CODEC_DRAIN_FRAMES):
-            return rows
-        return max(rows, 1 << (max(CODEC_DRAIN_FRAMES // length, 1).bit_length() - 1))
+        share = max(CODEC_DRAIN_FRAMES // length, -(-drain_rows // CODEC_DRAIN_CALLS), 1)
+        return min(rows, 1 << (share.bit_length() - 1))
 
-    def warm_codec(self, max_new_frames: int, rows: int, batched: bool, drain: bool = False) -> None:
+    def warm_codec(self, max_new_frames: int, rows: int, batched: bool) -> None:
         """Decode dummy codes at the shapes that rows running to max_new_frames take:
         batched, every padded batch that up to ``rows`` of them (rounded up to a power of two:
-        a backlog may hold a few more) take in calls beside the loop, or with ``drain`` the
-        drain's batches not among those (run those when nothing else needs the memory), at
-        their length bucket; else one row at their exact length. Run it on the thread that
-        will decode (cuDNN's set-up is per thread as well as per shape)."""
+        a backlog may hold a few more) take in calls beside the loop or at the drain, at their
+        length bucket; else one row at their exact length. Run it on the thread that will
+        decode (cuDNN's set-up is per thread as well as per shape)."""
         frames = np.zeros((max_new_frames, self.num_streams), dtype=np.int64)  # max_new_frames - C codec frames
-        span = self._codec_span(frames)[1]
-        if span == 0 or (drain and not batched):
+        if self._codec_span(frames)[1] == 0:
             return
         if not batched:
             self.decode_audio([frames], batched)
             return
         most = 1 << (rows - 1).bit_length()
+        # the drain's batches are among these: its calls hold a power of two no larger than these hold
         sizes = _batches(most, self.codec_rows_per_call(max_new_frames))
-        if drain:
-            sizes = _batches(most, self.codec_rows_per_call(max_new_frames, drain=True)) - sizes
         # on CUDA two calls a shape: the first plans and compiles, the second captures the shape's
-        # graph (codec_graphs.py). The drain's graphs keep a drain call's activations in the pool
-        # for the whole run, so they are captured here only where that memory is spare, else at
-        # the drain (when the loop no longer needs it). Captured here, the codec's part of a
-        # batch-64 one-wave tail took 0.051-0.055 s against 0.057-0.061 (e2e_generate.py, H200)
-        graphed = self.device.type == "cuda" and (
-            not drain or self._spare(self._call_bytes(max(sizes, default=0) * _length_bucket(span))))
-        calls = 2 if graphed else 1
+        # graph (codec_graphs.py)
         for n in sorted(sizes):
-            for _ in range(calls):
-                self.decode_audio([frames] * n, batched, drain=drain)
-        if drain and self.device.type == "cuda":
-            empty_cache()  # the KV budget keeps room for the calls beside the loop only
-
-    def _spare(self, nbytes: int) -> bool:
-        """Whether nbytes more of device memory may be held for the whole run: free now, beyond all
-        the room the KV budget keeps (build: kv_budget; part of its codec term is the codec
-        graphs' pool, which already holds a call's activations, so this counts it twice)."""
-        if self.kv_budget is None:
-            return False
-        kept = sum(self.kv_budget[k] for k in ("prefill_peak_mib", "codec_mib", "slack_mib")) * 2**20
-        return self._free_bytes() >= kept + nbytes
-
-    def _free_bytes(self) -> int:  # CUDA: cached blocks handed back first (another stream's would not serve)
-        empty_cache()
-        return torch.cuda.mem_get_info(self.device)[0]
-
-    def _call_bytes(self, frames: int) -> int:  # a codec call's peak, in the codec's dtype
-        return codec_bytes(frames, next(self.codec.parameters()).dtype)
+            for _ in range(2 if self.device.type == "cuda" else 1):
+                self.decode_audio([frames] * n, batched)
 
     def decode_audio(self, tokens: list[np.ndarray], batched: bool, drain: bool = False) -> list[np.ndarray]:
         """Generated frames, [T, C] per request -> their audio, int16 samples [samples] each at
@@ -330,9 +307,9 @@ class HiggsRunner(ModelRunner):
         then equals the row decoded alone up to rounding. Otherwise each row
         goes alone at its own length, which deterministic mode needs (its
         bytes must not depend on which rows finished with it). A call holds at
-        most CODEC_BATCH_FRAMES codec frames (CODEC_DRAIN_FRAMES with ``drain``,
-        when the caller's decode loop has stopped and memory allows), and one
-        batch runs at a time: the KV budget keeps room for one (__init__.py: _kv_slots)."""
+        most CODEC_BATCH_FRAMES codec frames (with ``drain``, when the caller's
+        decode loop has stopped: fewer, _rows_per_call), and one batch runs at a
+        time: the KV budget keeps room for one (__init__.py: _kv_slots)."""
         # where each row's codes are (its delay pattern is reverted call by call, as each call's
         # input is filled: the first call of a 256-row wave starts sooner)
         spans = [self._codec_span(t) for t in tokens]
@@ -357,10 +334,7 @@ class HiggsRunner(ModelRunner):
             queued: collections.deque = collections.deque()
             calls = 0
             for length, members in buckets.items():
-                rows = self._rows_per_call(length, False)
-                wide = self._rows_per_call(length, True) if drain else rows
-                if _padded(len(members), wide) <= _padded(len(members), rows):  # fewer calls, no more padding
-                    rows = wide
+                rows = self._rows_per_call(length, len(members) if drain else 0)
                 start = 0
                 for n, batch in _calls(len(members), rows):
                     chunk = members[start: start + n]

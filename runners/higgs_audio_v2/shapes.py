@@ -69,3 +69,17 @@ def param_counts(cfg: HiggsConfig) -> tuple[int, int]:
     # decode reads the audio path only: attention, audio MLP, audio norms, the head, 8 embedding rows
     per_step = L * (attn + mlp + 2 * h) + h + audio_embed
     return total, per_step
+
+
+def random_codec(name: str, dtype, device):
+    """Our codec decoder (runners/higgs_audio_v2/codec.py) with random weights of a shape's codec,
+    saved in transformers' format and loaded through the real loading path (the caller seeds)."""
+    import tempfile
+
+    from transformers import HiggsAudioV2TokenizerModel
+
+    from runners.higgs_audio_v2.codec import HiggsCodecDecoder
+
+    with tempfile.TemporaryDirectory() as tmp:
+        HiggsAudioV2TokenizerModel(codec_config(name)).save_pretrained(tmp)
+        return HiggsCodecDecoder.load(Path(tmp), dtype, device)

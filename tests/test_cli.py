@@ -253,11 +253,11 @@ def test_codec_calls_after_the_loop_hold_fewer_rows_and_sound_the_same(monkeypat
     calls.clear()
     runner.decode_audio(tokens[:7], batched=True, drain=True)  # 2 + 2 + 2 + 1
     assert sorted(calls) == [((1, 8, 32), False)] + [((2, 8, 32), False)] * 3
-    assert runner.codec_rows_per_call(40, drain_rows=8) == 2 and runner.codec_rows_per_call(40) == 4
+    assert runner._rows_per_call(32, drain_rows=8) == 2 and runner.codec_rows_per_call(40) == 4
     monkeypatch.setattr(higgs_runner, "CODEC_DRAIN_CALLS", 2)  # a larger drain: about two calls
-    assert [runner.codec_rows_per_call(40, drain_rows=n) for n in (4, 6, 8, 64)] == [2, 2, 4, 4]
+    assert [runner._rows_per_call(32, drain_rows=n) for n in (4, 6, 8, 64)] == [2, 2, 4, 4]
     monkeypatch.setattr(higgs_runner, "CODEC_DRAIN_FRAMES", 64 * 32)  # never more than a usual call
-    assert runner.codec_rows_per_call(40, drain_rows=8) == 4
+    assert runner._rows_per_call(32, drain_rows=8) == 4
     for got, want in zip(drained, during):
         assert got.shape == want.shape
         assert np.abs(got.astype(np.int32) - want).max() <= 1

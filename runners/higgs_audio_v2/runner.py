@@ -247,11 +247,10 @@ class HiggsRunner(ModelRunner):
             self._codec_local.stream = torch.cuda.Stream(self.device)
         return torch.cuda.stream(self._codec_local.stream)
 
-    def codec_rows_per_call(self, max_new_frames: int, drain_rows: int = 0) -> int:
-        """How many rows of max_new_frames frames one batched codec call holds (``drain_rows``:
-        in a drain of that many such rows)."""
+    def codec_rows_per_call(self, max_new_frames: int) -> int:
+        """How many rows of max_new_frames frames one batched codec call beside the loop holds."""
         n = self._codec_span(np.zeros((max_new_frames, self.num_streams), dtype=np.int64))[1]
-        return self._rows_per_call(_length_bucket(max(n, 1)), drain_rows)
+        return self._rows_per_call(_length_bucket(max(n, 1)))
 
     def _rows_per_call(self, length: int, drain_rows: int = 0) -> int:
         """Rows of a length bucket per batched call: within CODEC_BATCH_FRAMES; at a drain of

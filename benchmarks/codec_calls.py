@@ -36,7 +36,7 @@ def main() -> None:
     dev = torch.device("cuda")
     torch.manual_seed(0)
     codec = random_codec("higgs-audio-v2-3b", torch.bfloat16, dev)
-    seconds = args.frames / 25
+    seconds = args.frames * codec.hop_length / codec.sample_rate  # audio a row
     rows = []
     with torch.inference_mode():
         for b in args.rows:

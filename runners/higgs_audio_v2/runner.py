@@ -255,7 +255,8 @@ class HiggsRunner(ModelRunner):
     def _rows_per_call(self, length: int, drain_rows: int = 0) -> int:
         """Rows of a length bucket per batched call: within CODEC_BATCH_FRAMES; at a drain of
         `drain_rows` rows of the bucket, the largest power of two within a CODEC_DRAIN_CALLS-th
-        of them or what CODEC_DRAIN_FRAMES hold, whichever is more, but no more than the former."""
+        of them or what CODEC_DRAIN_FRAMES hold, whichever is more, but never more than a call
+        beside the loop holds."""
         rows = max(1, CODEC_BATCH_FRAMES // length)
         if not drain_rows:
             return rows

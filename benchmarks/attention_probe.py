@@ -24,7 +24,7 @@ import triton
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks.timing import graph_us, write_results  # noqa: E402
-from runners.decode_attention import _decode_attention_kernel  # noqa: E402
+from omni_cli.runners.decode_attention import _decode_attention_kernel  # noqa: E402
 
 LAYERS, KVH, H, D = 28, 8, 24, 128
 VARIANTS = ["rows 32x4", "rows 64x4", "rows 32x2", "rows 64x2"]

@@ -22,8 +22,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from runners.audio import pcm16  # noqa: E402
-from runners.higgs_audio_v2.shapes import random_codec  # noqa: E402
+from omni_cli.runners.audio import pcm16  # noqa: E402
+from omni_cli.runners.higgs_audio_v2.shapes import random_codec  # noqa: E402
 from benchmarks.timing import graph_us, write_results  # noqa: E402
 
 

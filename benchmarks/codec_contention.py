@@ -31,8 +31,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from omni_cli.output import OutputWriter  # noqa: E402
-from runners.audio import pcm16  # noqa: E402
-from runners.higgs_audio_v2.shapes import random_codec  # noqa: E402
+from omni_cli.runners.audio import pcm16  # noqa: E402
+from omni_cli.runners.higgs_audio_v2.shapes import random_codec  # noqa: E402
 from benchmarks.timing import write_results  # noqa: E402
 
 FRAMES = 192  # codec frames of a 200-frame row after the delay pattern

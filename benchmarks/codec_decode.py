@@ -27,8 +27,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from runners.higgs_audio_v2.codec import HiggsCodecDecoder  # noqa: E402
-from runners.higgs_audio_v2.shapes import codec_config  # noqa: E402
+from omni_cli.runners.higgs_audio_v2.codec import HiggsCodecDecoder  # noqa: E402
+from omni_cli.runners.higgs_audio_v2.shapes import codec_config  # noqa: E402
 from benchmarks.timing import median_ms, write_results  # noqa: E402
 
 

@@ -24,9 +24,9 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks.timing import median_ms, write_results  # noqa: E402
-from runners.attention import fused_kernels_available  # noqa: E402
-from runners.higgs_audio_v2.codec import HiggsCodecDecoder, Snake1d, _FusedSnake1d  # noqa: E402
-from runners.higgs_audio_v2.shapes import codec_config  # noqa: E402
+from omni_cli.runners.attention import fused_kernels_available  # noqa: E402
+from omni_cli.runners.higgs_audio_v2.codec import HiggsCodecDecoder, Snake1d, _FusedSnake1d  # noqa: E402
+from omni_cli.runners.higgs_audio_v2.shapes import codec_config  # noqa: E402
 
 
 def _decoder(dtype: torch.dtype, dev: torch.device) -> HiggsCodecDecoder:

@@ -31,10 +31,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks.step_profile import _decode_batch  # noqa: E402
 from omni_cli.bench import random_model  # noqa: E402
-from runners.attention import KVCache  # noqa: E402
-from runners.device import priority_stream  # noqa: E402
-from runners.engine import Engine  # noqa: E402
-from runners.higgs_audio_v2.shapes import random_codec  # noqa: E402
+from omni_cli.runners.attention import KVCache  # noqa: E402
+from omni_cli.runners.device import priority_stream  # noqa: E402
+from omni_cli.runners.engine import Engine  # noqa: E402
+from omni_cli.runners.higgs_audio_v2.shapes import random_codec  # noqa: E402
 from benchmarks.timing import write_results  # noqa: E402
 
 

@@ -29,7 +29,7 @@ import triton
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks.timing import graph_us, write_results  # noqa: E402
-from runners.fused_codec import HEAD_TILE, UNIT_TILES, FusedHead, FusedUnit, _head_kernel, _unit_kernel  # noqa: E402
+from omni_cli.runners.fused_codec import HEAD_TILE, UNIT_TILES, FusedHead, FusedUnit, _head_kernel, _unit_kernel  # noqa: E402
 
 WIDTHS = {128: 160, 64: 320, 32: 960}  # channels -> samples a codec frame at that stage
 FRAMES = 192

@@ -21,7 +21,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from omni_cli.bench import random_model, run_requests  # noqa: E402
-from runners.higgs_audio_v2 import DETERMINISTIC_SHAPES  # noqa: E402
+from omni_cli.runners.higgs_audio_v2 import DETERMINISTIC_SHAPES  # noqa: E402
 from benchmarks.timing import write_results  # noqa: E402
 
 

@@ -93,8 +93,8 @@ def _analyse(ops: list[dict], after_lm: bool, top: int) -> dict:
 
 def _alone(root: Path, rows: int, calls: int) -> tuple[dict, list[dict]]:
     """The drain's calls alone on a thread and stream of their own: (wall s, the profiler's ops)."""
-    from runners.device import host_buffer
-    from runners.higgs_audio_v2.codec import HiggsCodecDecoder
+    from omni_cli.runners.device import host_buffer
+    from omni_cli.runners.higgs_audio_v2.codec import HiggsCodecDecoder
 
     dev = torch.device("cuda")
     codec = HiggsCodecDecoder.load(root / "codec", torch.bfloat16, dev)

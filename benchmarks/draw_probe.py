@@ -22,8 +22,8 @@ import triton
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks.timing import graph_us, write_results  # noqa: E402
-from runners.fused_draw import _draw_kernel, blocks  # noqa: E402
-from runners.sampling import draw_rows  # noqa: E402
+from omni_cli.runners.sampling.fused_draw import _draw_kernel, blocks  # noqa: E402
+from omni_cli.runners.sampling.ops import draw_rows  # noqa: E402
 
 VOCAB = 1026
 TABLES = ("temperature", "top_k", "top_p", "min_p", "seed")

@@ -42,8 +42,8 @@ import torch
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from runners.higgs_audio_v2.config import HiggsConfig  # noqa: E402
-from runners.higgs_audio_v2.shapes import codec_config, shape_config, transformers_config  # noqa: E402
+from omni_cli.runners.higgs_audio_v2.config import HiggsConfig  # noqa: E402
+from omni_cli.runners.higgs_audio_v2.shapes import codec_config, shape_config, transformers_config  # noqa: E402
 from benchmarks.timing import write_results  # noqa: E402
 
 TINY = REPO / "configs" / "tiny-higgs-audio-v2"
@@ -103,7 +103,7 @@ def write_inputs(root: Path, rows: int, frames: int, vary: int = 0, prompt_token
     rng = random.Random(rows)
     builder = None
     if prompt_tokens:
-        from runners.higgs_audio_v2.prompt import PromptBuilder
+        from omni_cli.runners.higgs_audio_v2.prompt import PromptBuilder
 
         builder = PromptBuilder(TINY / "model", HiggsConfig.from_file(TINY / "model" / "config.json").audio_bos_token_id)
     lines = []

@@ -26,9 +26,9 @@ import triton
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-import runners.device as device_mod  # noqa: E402
+import omni_cli.runners.device as device_mod  # noqa: E402
 from benchmarks.timing import graph_us, write_results  # noqa: E402
-from runners.fused_gemv import TILE, gemv  # noqa: E402
+from omni_cli.runners.fused_gemv import TILE, gemv  # noqa: E402
 
 SHAPES = {"qkv": (5120, 3072), "o_proj": (3072, 3072), "gate_up": (16384, 3072), "down": (3072, 8192),
           "audio_head": (8208, 3072)}

@@ -30,13 +30,13 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-import runners.device as device_mod  # noqa: E402
-import runners.fused_gemv as fused_gemv  # noqa: E402
-import runners.fused_mm as fused_mm  # noqa: E402
+import omni_cli.runners.device as device_mod  # noqa: E402
+import omni_cli.runners.fused_gemv as fused_gemv  # noqa: E402
+import omni_cli.runners.fused_mm as fused_mm  # noqa: E402
 from benchmarks.step_profile import _decode_batch, _time_ms  # noqa: E402
 from omni_cli.bench import random_model, run_requests  # noqa: E402
-from runners.attention import KVCache  # noqa: E402
-from runners.engine import Engine  # noqa: E402
+from omni_cli.runners.attention import KVCache  # noqa: E402
+from omni_cli.runners.engine import Engine  # noqa: E402
 from benchmarks.timing import write_results  # noqa: E402
 
 # MAX_ROWS, PDL, TILE, PAIRED_TILE (None: the shipped one)

@@ -30,10 +30,10 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from benchmarks.e2e_generate import write_checkpoint  # noqa: E402
-from runners.checkpoint import load_into, read_safetensors, stream_into  # noqa: E402
-from runners.higgs_audio_v2 import IGNORED_KEYS, _default_dtype  # noqa: E402
-from runners.higgs_audio_v2.config import HiggsConfig  # noqa: E402
-from runners.higgs_audio_v2.model import HiggsAudioV2LM  # noqa: E402
+from omni_cli.runners.checkpoint import load_into, read_safetensors, stream_into  # noqa: E402
+from omni_cli.runners.higgs_audio_v2 import IGNORED_KEYS, _default_dtype  # noqa: E402
+from omni_cli.runners.higgs_audio_v2.config import HiggsConfig  # noqa: E402
+from omni_cli.runners.higgs_audio_v2.model import HiggsAudioV2LM  # noqa: E402
 from benchmarks.timing import write_results  # noqa: E402
 
 

@@ -29,9 +29,9 @@ import triton
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks.timing import graph_us, write_results  # noqa: E402
-import runners.fused_mm as fused_mm  # noqa: E402
-from runners.fused_mm import TILE, mm  # noqa: E402
-from runners import fused_ops  # noqa: E402
+import omni_cli.runners.fused_mm as fused_mm  # noqa: E402
+from omni_cli.runners.fused_mm import TILE, mm  # noqa: E402
+from omni_cli.runners import fused_ops  # noqa: E402
 
 # name: (output columns n, reduction k, silu_mul: the weight is [2n, k])
 SHAPES = {"qkv": (5120, 3072, False), "o_proj": (3072, 3072, False), "gate_up": (8192, 3072, True),

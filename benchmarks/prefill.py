@@ -34,10 +34,10 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from omni_cli.bench import H200_FLOPS, random_model  # noqa: E402
-from runners import engine as engine_mod  # noqa: E402
-from runners.attention import KVCache  # noqa: E402
-from runners.engine import Engine, ForwardBatch  # noqa: E402
-from runners.higgs_audio_v2.shapes import param_counts  # noqa: E402
+from omni_cli.runners import engine as engine_mod  # noqa: E402
+from omni_cli.runners.attention import KVCache  # noqa: E402
+from omni_cli.runners.engine import Engine, ForwardBatch  # noqa: E402
+from omni_cli.runners.higgs_audio_v2.shapes import param_counts  # noqa: E402
 from benchmarks.timing import write_results  # noqa: E402
 
 

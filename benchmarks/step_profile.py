@@ -22,9 +22,9 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from omni_cli.bench import random_model, run_requests  # noqa: E402
-from runners.attention import KVCache  # noqa: E402
-from runners.engine import Engine, ForwardBatch  # noqa: E402
-from runners.fused_draw import fused_draw_rows  # noqa: E402
+from omni_cli.runners.attention import KVCache  # noqa: E402
+from omni_cli.runners.engine import Engine, ForwardBatch  # noqa: E402
+from omni_cli.runners.sampling.fused_draw import fused_draw_rows  # noqa: E402
 from benchmarks.timing import write_results  # noqa: E402
 
 

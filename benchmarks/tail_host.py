@@ -37,11 +37,11 @@ from benchmarks.e2e_generate import add_one_wave_args, one_wave_options  # noqa:
 from benchmarks.timing import write_results  # noqa: E402
 
 # (module path, attribute path): the host steps timed, in the order they happen
-STEPS = (("runners.higgs_audio_v2.runner", "HiggsRunner._codec_span"),
-         ("runners.higgs_audio_v2.runner", "HiggsRunner._rows_per_call"),
-         ("runners.higgs_audio_v2.runner", "HiggsRunner._launch_codec"),
-         ("runners.codec_graphs", "CodecGraphs._record"),
-         ("runners.higgs_audio_v2.runner", "HiggsRunner._collect_codec"),
+STEPS = (("omni_cli.runners.higgs_audio_v2.runner", "HiggsRunner._codec_span"),
+         ("omni_cli.runners.higgs_audio_v2.runner", "HiggsRunner._rows_per_call"),
+         ("omni_cli.runners.higgs_audio_v2.runner", "HiggsRunner._launch_codec"),
+         ("omni_cli.runners.codec_graphs", "CodecGraphs._record"),
+         ("omni_cli.runners.higgs_audio_v2.runner", "HiggsRunner._collect_codec"),
          ("omni_cli.output", "OutputWriter.encode_ok"), ("omni_cli.output", "OutputWriter.publish"),
          ("omni_cli.output", "OutputWriter.add_row"), ("omni_cli.output", "OutputWriter.close"))
 

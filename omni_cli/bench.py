@@ -21,16 +21,16 @@ import numpy as np
 import torch
 
 from omni_cli.loop import LoopStats, run_loop
-from omni_cli.params import SamplingParams
+from omni_cli.runners.sampling.params import SamplingParams
 from omni_cli.scheduler import Request, Scheduler
 from omni_cli.warmup import warm_up_lm
-from runners.attention import KVCache
-from runners.device import blas_library
-from runners.engine import Engine
-from runners.higgs_audio_v2.codec import HiggsCodecDecoder
-from runners.higgs_audio_v2.model import HiggsAudioV2LM
-from runners.higgs_audio_v2.runner import HiggsRunner
-from runners.higgs_audio_v2.shapes import param_counts, shape_config, transformers_config
+from omni_cli.runners.attention import KVCache
+from omni_cli.runners.device import blas_library
+from omni_cli.runners.engine import Engine
+from omni_cli.runners.higgs_audio_v2.codec import HiggsCodecDecoder
+from omni_cli.runners.higgs_audio_v2.model import HiggsAudioV2LM
+from omni_cli.runners.higgs_audio_v2.runner import HiggsRunner
+from omni_cli.runners.higgs_audio_v2.shapes import param_counts, shape_config, transformers_config
 
 TINY_CODEC = Path(__file__).resolve().parent.parent / "configs" / "tiny-higgs-audio-v2" / "codec"
 # ceilings measured on the lent H200 (shared/design/facts.md): device copy, bf16 matmul

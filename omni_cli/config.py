@@ -14,10 +14,17 @@ from typing import Any
 import yaml
 
 from omni_cli.errors import ConfigError
-from omni_cli.params import FIELD_NAMES, SamplingParams, check_field
+from omni_cli.runners.sampling.params import FIELD_NAMES, SamplingParams, check_field
 
-# configs/ beside the package (the repository layout; `pip install -e .`).
-CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
+
+def _config_dir() -> Path:
+    """configs/: inside the package where installed from a wheel, else beside it (a checkout)."""
+    here = Path(__file__).resolve().parent
+    packaged = here / "configs"
+    return packaged if packaged.is_dir() else here.parent / "configs"
+
+
+CONFIG_DIR = _config_dir()
 DEFAULT_CONFIG = "tiny-higgs-audio-v2"
 
 DTYPES = ("float32", "bfloat16", "float16")

@@ -2,25 +2,9 @@
 
 from __future__ import annotations
 
+from omni_cli.runners.errors import ConfigError, OmniError
 
-class OmniError(Exception):
-    """A problem the user can fix (bad config, bad input file, missing checkpoint).
-
-    Raised anywhere below the CLI; ``omni_cli.cli`` prints the message and exits
-    with ``exit_code`` instead of showing a traceback.
-    """
-
-    exit_code = 2
-
-
-class ConfigError(OmniError):
-    """A model config (YAML) that does not load: names the file and the key."""
-
-    def __init__(self, path: object, key: str | None, message: str):
-        where = f"{path}" if key is None else f"{path}: key '{key}'"
-        super().__init__(f"{where}: {message}")
-        self.path = path
-        self.key = key
+__all__ = ["ConfigError", "OmniError", "RowError"]
 
 
 class RowError(ValueError):

@@ -29,15 +29,15 @@ from omni_cli.config import load_config
 from omni_cli.errors import OmniError, RowError
 from omni_cli.loop import run_loop
 from omni_cli.output import OutputWriter, check_out_dir, write_run_json
-from omni_cli.params import FIELD_NAMES
+from omni_cli.runners.sampling.params import FIELD_NAMES
 from omni_cli.progress import Progress
 from omni_cli.prompts import read_prompts
 from omni_cli.scheduler import Request, Scheduler
-from omni_cli.seeds import row_seed
+from omni_cli.runners.sampling.seeds import row_seed
 from omni_cli.warmup import warm_up_lm
-from runners.device import priority_stream
+from omni_cli.runners.device import priority_stream
 
-FAMILIES = {"higgs_audio_v2": "runners.higgs_audio_v2"}
+FAMILIES = {"higgs_audio_v2": "omni_cli.runners.higgs_audio_v2"}
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 # rows whose files are written at once (soundfile and numpy release the GIL)
 WRITER_THREADS = 4

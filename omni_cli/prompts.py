@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from omni_cli.errors import OmniError, RowError
-from omni_cli.params import FIELD_NAMES, check_field, check_seed
+from omni_cli.runners.sampling.params import FIELD_NAMES, check_field, check_seed
 
 ROW_FIELDS = ("id", "text", "scene", "system", "seed") + FIELD_NAMES
 _CSV_INTS = ("seed", "top_k", "max_new_frames", "min_new_frames", "ras_win_len", "ras_win_max_num_repeat")

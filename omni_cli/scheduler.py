@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from omni_cli.params import SamplingParams
+from omni_cli.runners.sampling.params import SamplingParams
 
 
 class Status(enum.Enum):

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from omni_cli.errors import OmniError
 from omni_cli.generate import GenerateOptions, run_generate
-from omni_cli.params import FIELD_NAMES
+from omni_cli.runners.sampling.params import FIELD_NAMES
 
 
 @dataclass

@@ -103,7 +103,7 @@ class AttentionContext:
             kc[self.slots_gpu, :, pos] = k[:, :, 0]
             vc[self.slots_gpu, :, pos] = v[:, :, 0]
             if self.lengths_gpu is not None:
-                from runners.decode_attention import decode_attention
+                from .decode_attention import decode_attention
 
                 return decode_attention(q, kc, vc, self.slots_gpu, self.lengths_gpu)
             if self.deterministic:

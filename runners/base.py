@@ -45,11 +45,11 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from omni_cli.seeds import derive_seed
-from runners.attention import fused_kernels_available
-from runners.device import host_buffer, new_event
-from runners.engine import Engine, ForwardBatch
-from runners.sampling import (
+from .sampling.seeds import derive_seed
+from .attention import fused_kernels_available
+from .device import host_buffer, new_event
+from .engine import Engine, ForwardBatch
+from .sampling.ops import (
     apply_repetition_penalty,
     apply_suppress_tokens,
     draw_rows,
@@ -168,7 +168,7 @@ class ModelRunner:
         # the draw: one Triton kernel on CUDA (runners/fused_draw.py), PyTorch elsewhere
         self._draw_rows = draw_rows
         if fused_kernels_available(device):
-            from runners.fused_draw import fused_draw_rows
+            from .sampling.fused_draw import fused_draw_rows
 
             self._draw_rows = fused_draw_rows
 

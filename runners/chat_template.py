@@ -28,7 +28,7 @@ from jinja2.ext import Extension
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import Tokenizer
 
-from omni_cli.errors import OmniError
+from .errors import OmniError
 
 # the special tokens a tokenizer config names one by one, and passes to templates
 NAMED_SPECIALS = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token")

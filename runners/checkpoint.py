@@ -20,8 +20,8 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
-from omni_cli.errors import OmniError
-from runners.device import host_buffer, new_event
+from .errors import OmniError
+from .device import host_buffer, new_event
 
 
 def resolve_folder(spec: str, what: str) -> Path:

@@ -34,7 +34,7 @@ import contextlib
 
 import torch
 
-from runners.device import CAPTURE_LOCK
+from .device import CAPTURE_LOCK
 
 MAX_GRAPHS = 16
 

@@ -23,9 +23,9 @@ from __future__ import annotations
 
 import torch
 
-from runners.attention import AttentionContext, KVCache, fused_kernels_available, kv_bucket
-from runners.device import CAPTURE_LOCK
-from runners.engine import ForwardBatch
+from .attention import AttentionContext, KVCache, fused_kernels_available, kv_bucket
+from .device import CAPTURE_LOCK
+from .batch import ForwardBatch
 
 
 def _next_pow2(n: int) -> int:

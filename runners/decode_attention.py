@@ -39,8 +39,8 @@ import torch
 import triton
 import triton.language as tl
 
-from runners.device import pdl_launch
-from runners.fused_ops import _wait_predecessor
+from .device import pdl_launch
+from .fused_ops import _wait_predecessor
 
 BLOCK_N = 64  # keys per loop iteration (the multi-row kernel: _tile)
 

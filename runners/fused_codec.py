@@ -23,7 +23,7 @@ import torch
 import triton
 import triton.language as tl
 
-from runners.fused_ops import snake_value
+from .fused_ops import snake_value
 
 # The widths the kernel takes, in whole power-of-two channel tiles: the released decoder's
 # narrow units (128, 64, 32 channels), those measured. Wider units keep cuDNN (their

@@ -33,8 +33,8 @@ import torch
 import triton
 import triton.language as tl
 
-from runners.device import pdl_launch
-from runners.fused_ops import _rope_store
+from .device import pdl_launch
+from .fused_ops import _rope_store
 
 MAX_ROWS = 1  # the widest decode step that takes these kernels (cuBLAS above; benchmarks/gemv_step.py)
 # per program: rows of the weight, columns a loop step, warps, columns read ahead of the wait

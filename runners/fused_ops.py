@@ -24,7 +24,7 @@ import torch
 import triton
 import triton.language as tl
 
-from runners.device import pdl_launch
+from .device import pdl_launch
 
 
 @triton.jit

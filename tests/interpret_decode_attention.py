@@ -81,8 +81,8 @@ def _check(decode_attention, block: int, splits: int, d: int) -> list[str]:
 
 def main() -> int:
     _patch_interpreter_scalars()
-    import runners.decode_attention as da
-    from runners.decode_attention import BLOCK_N, ONE_ROW_SPLITS, decode_attention
+    import omni_cli.runners.decode_attention as da
+    from omni_cli.runners.decode_attention import BLOCK_N, ONE_ROW_SPLITS, decode_attention
 
     failures = []
     for d in (32, 8):  # tl.dot (head_dim >= 16) and the elementwise path for smaller heads

@@ -27,7 +27,7 @@ def _masked_codec_matches() -> bool:
     """The tiny codec with its fused kernels (the masking Snakes; the unit kernel at its 32
     channels, dilations 1, 3 and 9; the last convolution's at 2 channels) against the modules'
     forward (float32): a padded, masked batch against the plain masked decode, and one row whole."""
-    from runners.higgs_audio_v2.codec import HiggsCodecDecoder, _FusedHeadConv, _FusedResidualUnit, use_fused_kernels
+    from omni_cli.runners.higgs_audio_v2.codec import HiggsCodecDecoder, _FusedHeadConv, _FusedResidualUnit, use_fused_kernels
     from tests.conftest import TINY
 
     plain = HiggsCodecDecoder.load(TINY / "codec", torch.float32, torch.device("cpu"))
@@ -54,7 +54,7 @@ def _half_codec_matches() -> bool:
     float32 decode."""
     from pathlib import Path
 
-    from runners.higgs_audio_v2.codec import HiggsCodecDecoder, _FusedHeadConv, _FusedResidualUnit, use_fused_kernels
+    from omni_cli.runners.higgs_audio_v2.codec import HiggsCodecDecoder, _FusedHeadConv, _FusedResidualUnit, use_fused_kernels
     from tests.tiny_checkpoint import tiny_codec_config
 
     torch.manual_seed(0)
@@ -80,7 +80,7 @@ def _snake_matches() -> bool:
     """The codec's fused Snake against transformers' Snake1d (float32)."""
     from transformers.models.dac.modeling_dac import Snake1d
 
-    from runners.fused_ops import snake
+    from omni_cli.runners.fused_ops import snake
 
     g = torch.Generator().manual_seed(2)
     ref = Snake1d(5)
@@ -109,7 +109,7 @@ def _snake_of_a_sum_matches(ref, g) -> bool:
     residual unit's add), as _decode_fused runs it: the sum it keeps equal to PyTorch's float16
     ops bit for bit (each add rounded; float16, as the interpreter's float-to-bf16 cast
     truncates), and the Snake of it within 1e-5 of Snake1d's in float32."""
-    from runners.fused_ops import snake
+    from omni_cli.runners.fused_ops import snake
 
     x, residual = torch.randn(2, 5, 1500, generator=g), torch.randn(2, 5, 1500, generator=g)
     bias = torch.randn(5, generator=g)

@@ -29,12 +29,12 @@ from tests.interpret_decode_attention import _patch_interpreter_scalars
 
 def main() -> int:
     _patch_interpreter_scalars()
-    import runners.attention as attention
-    import runners.cuda_graphs as cuda_graphs
-    from runners.attention import KVCache
-    from runners.engine import Engine, ForwardBatch
-    from runners.higgs_audio_v2.model import HiggsAudioV2LM
-    from runners.higgs_audio_v2.shapes import shape_config
+    import omni_cli.runners.attention as attention
+    import omni_cli.runners.cuda_graphs as cuda_graphs
+    from omni_cli.runners.attention import KVCache
+    from omni_cli.runners.engine import Engine, ForwardBatch
+    from omni_cli.runners.higgs_audio_v2.model import HiggsAudioV2LM
+    from omni_cli.runners.higgs_audio_v2.shapes import shape_config
 
     cfg = dataclasses.replace(shape_config("tiny-higgs-audio-v2"), hidden_size=64, intermediate_size=96,
                               num_attention_heads=6, num_key_value_heads=2, head_dim=16)
@@ -68,10 +68,10 @@ def main() -> int:
     worst = 0.0
     # a wide one-matrix tile: the interpreter runs program by program, and the head's 8,208 rows at
     # the shipped 4-row tile take minutes (the checks after this loop run the shipped tiles)
-    import runners.fused_gemv as fused_gemv
+    import omni_cli.runners.fused_gemv as fused_gemv
 
     shipped_tile, fused_gemv.TILE = fused_gemv.TILE, (128, 64, 4, 64)
-    import runners.fused_mm as fused_mm
+    import omni_cli.runners.fused_mm as fused_mm
 
     shipped_rows = fused_mm.MAX_ROWS
     for step in range(7):
@@ -106,7 +106,7 @@ def _mm_matches() -> bool:
     sides of the 16-row tile and column counts that are no multiple of the tiles."""
     import torch.nn.functional as F
 
-    from runners.fused_mm import mm
+    from omni_cli.runners.fused_mm import mm
 
     g = torch.Generator().manual_seed(6)
     n, k = 37, 96  # k: three 32-column steps at the small tile, one 32-wide step at the shipped one
@@ -128,8 +128,8 @@ def _gemv_matches() -> bool:
     two that loop over k after a first tile of their own width and of four times it."""
     import torch.nn.functional as F
 
-    from runners.fused_gemv import gemv
-    from runners.higgs_audio_v2.model import RMSNorm
+    from omni_cli.runners.fused_gemv import gemv
+    from omni_cli.runners.higgs_audio_v2.model import RMSNorm
 
     g = torch.Generator().manual_seed(4)
     n, k = 37, 100  # no multiple of the tiles' 8 rows and 32..1024 columns
@@ -159,8 +159,8 @@ def _gemv_matches() -> bool:
 
 def _qkv_rope_matches() -> bool:
     """qkv_rope against gemv (norm) then rope_kv_write: the same q and the same cache writes."""
-    from runners.fused_gemv import gemv, qkv_rope
-    from runners.fused_ops import rope_kv_write
+    from omni_cli.runners.fused_gemv import gemv, qkv_rope
+    from omni_cli.runners.fused_ops import rope_kv_write
 
     g = torch.Generator().manual_seed(5)
     h, kvh, d, k, length = 6, 2, 16, 100, 20

@@ -57,8 +57,8 @@ def _case(g: torch.Generator, streams: int, vocab: int, fused_draw_rows, draw_ro
 
 def main() -> int:
     _patch_interpreter_scalars()
-    from runners.fused_draw import fused_draw_rows
-    from runners.sampling import draw_rows
+    from omni_cli.runners.sampling.fused_draw import fused_draw_rows
+    from omni_cli.runners.sampling.ops import draw_rows
 
     g = torch.Generator().manual_seed(0)
     # the Higgs codebook (1024 codes, stream BOS, EOS): a 1024-lane block and a 2-lane one; a power

@@ -16,8 +16,8 @@ from types import SimpleNamespace
 
 import torch
 
-from runners.higgs_audio_v2.fused_step import delay_masks, publish
-from runners.higgs_audio_v2.runner import HiggsRunner
+from omni_cli.runners.higgs_audio_v2.fused_step import delay_masks, publish
+from omni_cli.runners.higgs_audio_v2.runner import HiggsRunner
 
 C, V, BOS, EOS, SLOTS = 8, 1026, 1024, 1025, 12  # the real codebook count and vocabulary
 

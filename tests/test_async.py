@@ -15,9 +15,9 @@ import torch
 
 from omni_cli.config import load_config
 from omni_cli.loop import run_loop
-from omni_cli.params import SamplingParams
+from omni_cli.runners.sampling.params import SamplingParams
 from omni_cli.scheduler import Request, Scheduler
-from runners.base import ModelRunner
+from omni_cli.runners.base import ModelRunner
 from tests.conftest import read_manifest, run_cli, write_config, write_jsonl
 
 TEXTS = ["Hi.", "The sun rises in the east.", "A longer sentence, to make this prompt longer than the rest.",
@@ -66,7 +66,7 @@ def test_default_mode_async_keeps_codes_and_audio(tmp_path, eos_ckpt):
 
 
 def _tiny_runner(ckpt, tmp_path, max_batch_size=4, deterministic=True):
-    from runners.higgs_audio_v2 import build
+    from omni_cli.runners.higgs_audio_v2 import build
 
     config = replace(load_config(write_config(tmp_path / "r.yaml", ckpt, max_seq_len=256)),
                      max_batch_size=max_batch_size, deterministic=deterministic)
@@ -92,7 +92,7 @@ class FakeEvent:
 
 
 def test_hit_miss_accounting_and_ping_pong(tmp_path, eos_ckpt, monkeypatch):
-    import runners.base as base
+    import omni_cli.runners.base as base
 
     runner, prompts, config = _tiny_runner(eos_ckpt, tmp_path)
     sched = Scheduler(4, 256)

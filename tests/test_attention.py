@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from runners.attention import DET_KEY_BLOCK, AttentionContext, KVCache, kv_bucket
+from omni_cli.runners.attention import DET_KEY_BLOCK, AttentionContext, KVCache, kv_bucket
 
 ROWS, HEADS, KVH, D, MAX = 5, 6, 2, 16, 4 * DET_KEY_BLOCK
 LENS = torch.tensor([1, 200, 256, 257, 700])

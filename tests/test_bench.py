@@ -26,7 +26,7 @@ def test_bench_shape_3b_matches_the_release():
     import torch
     from transformers import HiggsAudioV2ForConditionalGeneration
 
-    from runners.higgs_audio_v2.shapes import param_counts, shape_config, transformers_config
+    from omni_cli.runners.higgs_audio_v2.shapes import param_counts, shape_config, transformers_config
 
     cfg = shape_config("higgs-audio-v2-3b")
     with torch.device("meta"):

@@ -11,7 +11,7 @@ import pytest
 from transformers import AutoTokenizer
 
 from omni_cli.errors import OmniError
-from runners.chat_template import ChatTokenizer
+from omni_cli.runners.chat_template import ChatTokenizer
 from tests.conftest import TINY
 
 # each exercises what Jinja under transformers' settings does differently from plain Jinja:

@@ -8,15 +8,15 @@ import pytest
 import torch
 
 from omni_cli.errors import OmniError
-from runners.attention import AttentionContext, KVCache
-import runners.checkpoint as checkpoint
+from omni_cli.runners.attention import AttentionContext, KVCache
+import omni_cli.runners.checkpoint as checkpoint
 from safetensors.torch import load_file, save_file
 
-from runners.checkpoint import load_into, read_safetensors, stream_into
-from runners.higgs_audio_v2 import IGNORED_KEYS
-from runners.higgs_audio_v2.codec import HiggsCodecDecoder
-from runners.higgs_audio_v2.config import HiggsConfig
-from runners.higgs_audio_v2.model import HiggsAudioV2LM
+from omni_cli.runners.checkpoint import load_into, read_safetensors, stream_into
+from omni_cli.runners.higgs_audio_v2 import IGNORED_KEYS
+from omni_cli.runners.higgs_audio_v2.codec import HiggsCodecDecoder
+from omni_cli.runners.higgs_audio_v2.config import HiggsConfig
+from omni_cli.runners.higgs_audio_v2.model import HiggsAudioV2LM
 from tests.reference import HiggsAudioV2ForConditionalGeneration, HiggsAudioV2TokenizerModel
 from tests.tiny_checkpoint import build_tokenizer, tiny_codec_config, tiny_lm_config
 
@@ -165,7 +165,7 @@ def test_folded_dilated_convolutions_decode_like_the_reference(tmp_path):
     """Every unit's dilated convolution as conv2d over the [L/d, d] view (codec.py:
     _FoldedConv1d, what CUDA runs for some in 16-bit), at lengths no multiple of the dilation:
     the decode equals HiggsAudioV2TokenizerModel.decode's (float32)."""
-    from runners.higgs_audio_v2.codec import _FoldedConv1d, _ResidualUnit
+    from omni_cli.runners.higgs_audio_v2.codec import _FoldedConv1d, _ResidualUnit
 
     torch.manual_seed(7)
     cfg = tiny_codec_config()

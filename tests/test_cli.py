@@ -106,7 +106,7 @@ def test_pcm16_matches_libsndfile(dtype):
 
     import torch
 
-    from runners.audio import pcm16
+    from omni_cli.runners.audio import pcm16
 
     rng = np.random.default_rng(0)
     # normal audio, clipping, and the exact multiples of 1/32768 and their halves where rounding rules differ
@@ -174,7 +174,7 @@ def _codec_calls(monkeypatch, fail=lambda batch, call: False):
     raise a RuntimeError where fail(batch, call number) says."""
     import threading
 
-    from runners.higgs_audio_v2.codec import HiggsCodecDecoder
+    from omni_cli.runners.higgs_audio_v2.codec import HiggsCodecDecoder
 
     real, calls, lock = HiggsCodecDecoder.decode, [], threading.Lock()
 
@@ -193,7 +193,7 @@ def _codec_calls(monkeypatch, fail=lambda batch, call: False):
 def _tiny_runner():
     import torch
 
-    import runners.higgs_audio_v2 as higgs
+    import omni_cli.runners.higgs_audio_v2 as higgs
     from omni_cli.config import load_config
 
     return higgs.build(load_config(None), torch.float32, torch.device("cpu"))[0]
@@ -212,7 +212,7 @@ def test_batched_codec_pads_rows_to_shared_shapes_and_sounds_as_if_alone(monkeyp
     """Rows of different lengths share calls of a bucketed length and a power-of-two batch
     (at most CODEC_BATCH_FRAMES frames); each row's audio is its own, as decoded alone,
     to within a conv's rounding: the padding is masked."""
-    import runners.higgs_audio_v2.runner as higgs_runner
+    import omni_cli.runners.higgs_audio_v2.runner as higgs_runner
 
     runner = _tiny_runner()
     rng = np.random.default_rng(0)
@@ -236,7 +236,7 @@ def test_codec_calls_after_the_loop_hold_fewer_rows_and_sound_the_same(monkeypat
     CODEC_DRAIN_CALLS-th of the drain's rows, at least what CODEC_DRAIN_FRAMES hold, at most
     what a call beside the loop holds; each row's audio stays its own, and the warm-up decodes
     at every batch either kind of call takes, so the drain captures none."""
-    import runners.higgs_audio_v2.runner as higgs_runner
+    import omni_cli.runners.higgs_audio_v2.runner as higgs_runner
 
     runner = _tiny_runner()
     rng = np.random.default_rng(2)
@@ -276,7 +276,7 @@ def test_codec_calls_after_the_loop_hold_fewer_rows_and_sound_the_same(monkeypat
 def test_codec_calls_are_queued_before_the_first_rows_come_out(monkeypatch):
     """The batched codec queues CODEC_CALLS_AHEAD calls beyond the one it collects: by the time
     the first call's rows come out, that many more have been launched (here all three)."""
-    import runners.higgs_audio_v2.runner as higgs_runner
+    import omni_cli.runners.higgs_audio_v2.runner as higgs_runner
 
     runner = _tiny_runner()
     rng = np.random.default_rng(4)
@@ -296,7 +296,7 @@ def test_a_codec_call_that_fails_after_others_are_queued_keeps_the_rows_before_i
     the second or third call fails, the rows of the calls before it still come out, once each,
     before the error; the rest are left to decode_rows' retries, which then give every row
     exactly once."""
-    import runners.higgs_audio_v2.runner as higgs_runner
+    import omni_cli.runners.higgs_audio_v2.runner as higgs_runner
     from omni_cli.generate import decode_rows
 
     runner = _tiny_runner()

@@ -32,7 +32,7 @@ def test_multi_row_attention_compiles_for_hopper(block, warps):
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    from runners.decode_attention import _decode_attention_kernel
+    from omni_cli.runners.decode_attention import _decode_attention_kernel
 
     sig = {**{p: "*bf16" for p in ("q_ptr", "k_ptr", "v_ptr", "out_ptr")}, "slots_ptr": "*i64", "lengths_ptr": "*i64",
            **{s: "i32" for s in ("stride_qb", "stride_qh", "stride_ob", "stride_oh", "stride_cs", "stride_ch",

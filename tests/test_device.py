@@ -9,7 +9,7 @@ from tests.conftest import REPO
 
 _SCRIPT = """
 import ctypes, os, sys
-from runners.device import stderr_silenced
+from omni_cli.runners.device import stderr_silenced
 os.write(2, b"before\\n")
 with stderr_silenced():
     sys.stderr.write("python inside\\n")

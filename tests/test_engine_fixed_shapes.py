@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import torch
 
-from omni_cli.params import SamplingParams
+from omni_cli.runners.sampling.params import SamplingParams
 from omni_cli.scheduler import Request, Scheduler
-from runners.attention import KVCache
-from runners.checkpoint import load_into, read_safetensors
-from runners.engine import Engine, FixedShapes
-from runners.higgs_audio_v2.config import HiggsConfig
-from runners.higgs_audio_v2.model import HiggsAudioV2LM
+from omni_cli.runners.attention import KVCache
+from omni_cli.runners.checkpoint import load_into, read_safetensors
+from omni_cli.runners.engine import Engine, FixedShapes
+from omni_cli.runners.higgs_audio_v2.config import HiggsConfig
+from omni_cli.runners.higgs_audio_v2.model import HiggsAudioV2LM
 from tests.conftest import TINY
 
 

@@ -62,11 +62,11 @@ def test_kv_budget_keeps_room_for_the_widest_prefill_it_measured(tmp_path):
     no more than that term."""
     import torch
 
-    import runners.higgs_audio_v2 as higgs
+    import omni_cli.runners.higgs_audio_v2 as higgs
     from omni_cli.config import load_config
     from omni_cli.scheduler import prefill_token_budget
-    from runners.device import peak_bytes
-    from runners.engine import ForwardBatch
+    from omni_cli.runners.device import peak_bytes
+    from omni_cli.runners.engine import ForwardBatch
 
     cfg = write_config(tmp_path / "m.yaml", TINY, max_seq_len=256)
     cfg.write_text(cfg.read_text().replace("dtype: float32", "dtype: bfloat16").replace("device: cpu", "device: cuda"))
@@ -94,10 +94,10 @@ def test_small_prefills_replay_graphs_within_bf16_rounding_of_eager():
 
     import torch
 
-    from runners.attention import KVCache
-    from runners.engine import Engine, ForwardBatch
-    from runners.higgs_audio_v2.model import HiggsAudioV2LM
-    from runners.higgs_audio_v2.shapes import shape_config
+    from omni_cli.runners.attention import KVCache
+    from omni_cli.runners.engine import Engine, ForwardBatch
+    from omni_cli.runners.higgs_audio_v2.model import HiggsAudioV2LM
+    from omni_cli.runners.higgs_audio_v2.shapes import shape_config
 
     dev = torch.device("cuda")
     cfg = dataclasses.replace(shape_config("higgs-audio-v2-3b"), num_hidden_layers=2)
@@ -139,8 +139,8 @@ def _counted_codec_graphs():
     it makes (eager runs and captures), and a check: one call's audio against the eager decode."""
     import torch
 
-    from runners.codec_graphs import CodecGraphs
-    from runners.higgs_audio_v2.codec import HiggsCodecDecoder
+    from omni_cli.runners.codec_graphs import CodecGraphs
+    from omni_cli.runners.higgs_audio_v2.codec import HiggsCodecDecoder
 
     dev = torch.device("cuda")
     codec = HiggsCodecDecoder.load(TINY / "codec", torch.bfloat16, dev)
@@ -185,7 +185,7 @@ def test_codec_graphs_capture_at_most_max_graphs_shapes():
     import numpy as np
     import torch
 
-    from runners.codec_graphs import MAX_GRAPHS
+    from omni_cli.runners.codec_graphs import MAX_GRAPHS
 
     q, calls, check = _counted_codec_graphs()
     rng = np.random.default_rng(1)
@@ -205,9 +205,9 @@ def test_default_mode_batches_the_codec_within_bf16_rounding(tmp_path):
     import soundfile as sf
     import torch
 
-    import runners.higgs_audio_v2 as higgs
+    import omni_cli.runners.higgs_audio_v2 as higgs
     from omni_cli.config import load_config
-    from runners.codec_graphs import CodecGraphs
+    from omni_cli.runners.codec_graphs import CodecGraphs
 
     cfg = write_config(tmp_path / "m.yaml", TINY, max_seq_len=256)
     cfg.write_text(cfg.read_text().replace("dtype: float32", "dtype: bfloat16").replace("device: cpu", "device: cuda"))
@@ -244,10 +244,10 @@ def test_stream_into_fills_cuda_tensors_as_safetensors_reads_them(tmp_path, monk
     import torch
     from safetensors.torch import load_file
 
-    import runners.checkpoint as checkpoint
-    from runners.higgs_audio_v2 import _default_dtype
-    from runners.higgs_audio_v2.config import HiggsConfig
-    from runners.higgs_audio_v2.model import HiggsAudioV2LM
+    import omni_cli.runners.checkpoint as checkpoint
+    from omni_cli.runners.higgs_audio_v2 import _default_dtype
+    from omni_cli.runners.higgs_audio_v2.config import HiggsConfig
+    from omni_cli.runners.higgs_audio_v2.model import HiggsAudioV2LM
     from tests.reference import HiggsAudioV2ForConditionalGeneration
     from tests.tiny_checkpoint import build_tokenizer, tiny_lm_config
 
@@ -282,7 +282,7 @@ def test_fused_codec_units_match_the_reference_decode_on_cuda(tmp_path):
     import torch
     from transformers import HiggsAudioV2TokenizerModel
 
-    from runners.higgs_audio_v2.codec import HiggsCodecDecoder, _FusedResidualUnit
+    from omni_cli.runners.higgs_audio_v2.codec import HiggsCodecDecoder, _FusedResidualUnit
     from tests.tiny_checkpoint import tiny_codec_config
 
     cfg = tiny_codec_config()

@@ -16,8 +16,8 @@ def test_fused_draw_matches_the_pytorch_draw_on_cuda():
 
     import torch
 
-    from runners.fused_draw import fused_draw_rows
-    from runners.sampling import draw_rows
+    from omni_cli.runners.sampling.fused_draw import fused_draw_rows
+    from omni_cli.runners.sampling.ops import draw_rows
 
     dev = torch.device("cuda")
     g = torch.Generator(device=dev).manual_seed(0)
@@ -51,7 +51,7 @@ def test_rope_kv_write_rotates_within_bf16_rounding_and_writes_only_its_tokens_o
     cache changes."""
     import torch
 
-    from runners.fused_ops import rope_kv_write
+    from omni_cli.runners.fused_ops import rope_kv_write
 
     dev, bf16 = torch.device("cuda"), torch.bfloat16
     h, kvh, d, max_len, n_slots, n = 24, 8, 128, 64, 12, 301
@@ -84,7 +84,7 @@ def test_one_row_decode_attention_on_cuda():
     count left behind, would mix two queries' results."""
     import torch
 
-    from runners.decode_attention import decode_attention
+    from omni_cli.runners.decode_attention import decode_attention
 
     dev = torch.device("cuda")
     g = torch.Generator(device=dev).manual_seed(0)
@@ -111,8 +111,8 @@ def test_gate_up_kernel_is_as_close_to_exact_as_cublas_and_silu_mul_on_cuda():
     import torch
     import torch.nn.functional as F
 
-    from runners.fused_mm import MAX_ROWS, mm
-    from runners.fused_ops import silu_mul
+    from omni_cli.runners.fused_mm import MAX_ROWS, mm
+    from omni_cli.runners.fused_ops import silu_mul
 
     dev = torch.device("cuda")
     g = torch.Generator(device=dev).manual_seed(0)
@@ -140,7 +140,7 @@ def test_prefill_attention_reads_shared_kv_heads_as_repeated_ones():
     import torch.nn.functional as F
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
-    from runners.attention import AttentionContext, KVCache
+    from omni_cli.runners.attention import AttentionContext, KVCache
 
     dev, bf16 = torch.device("cuda"), torch.bfloat16
     h, kvh, d = 24, 8, 128  # the 3B model's heads

@@ -42,8 +42,8 @@ REL_BOUND = 3e-2  # measured on CPU for this model: ours bf16 1.3%, transformers
 def models():
     from transformers import HiggsAudioV2ForConditionalGeneration
 
-    from runners.higgs_audio_v2.model import HiggsAudioV2LM
-    from runners.higgs_audio_v2.shapes import shape_config, transformers_config
+    from omni_cli.runners.higgs_audio_v2.model import HiggsAudioV2LM
+    from omni_cli.runners.higgs_audio_v2.shapes import shape_config, transformers_config
 
     cfg = dataclasses.replace(shape_config("higgs-audio-v2-3b"), num_hidden_layers=2)
     dev = DEV
@@ -81,8 +81,8 @@ def _margin(scores: torch.Tensor) -> torch.Tensor:
 
 
 def _engine(cfg, model, slots: int):
-    from runners.attention import KVCache
-    from runners.engine import Engine
+    from omni_cli.runners.attention import KVCache
+    from omni_cli.runners.engine import Engine
 
     kv = KVCache(cfg.num_hidden_layers, slots + 1, cfg.num_key_value_heads, 512, cfg.head_dim, torch.bfloat16, DEV)
     engine = Engine(model, kv, DEV)
@@ -97,7 +97,7 @@ def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
 @pytest.fixture(scope="module")
 def teacher_forced(models):
     """Our logits [frames, 8, V] for the oracle's greedy codes, and the oracle's run."""
-    from runners.engine import ForwardBatch
+    from omni_cli.runners.engine import ForwardBatch
 
     cfg, oracle, _, ours = models
     ids = _prompt(cfg, 64, 0)
@@ -146,10 +146,10 @@ def test_teacher_forced_argmax_matches_where_the_margin_is_real(teacher_forced):
 
 def test_greedy_codes_match_transformers_for_50_frames(models, teacher_forced):
     from omni_cli.loop import run_loop
-    from omni_cli.params import SamplingParams
+    from omni_cli.runners.sampling.params import SamplingParams
     from omni_cli.scheduler import Request, Scheduler
-    from runners.higgs_audio_v2.codec import HiggsCodecDecoder
-    from runners.higgs_audio_v2.runner import HiggsRunner
+    from omni_cli.runners.higgs_audio_v2.codec import HiggsCodecDecoder
+    from omni_cli.runners.higgs_audio_v2.runner import HiggsRunner
     from tests.conftest import TINY
 
     cfg, oracle, peer, ours = models
@@ -189,8 +189,8 @@ def test_shared_prefix_prefill_matches_transformers(models, monkeypatch):
     """A prefill whose prompts share a prefix (runners/engine.py): the prefix as a one-row
     graph replay, the rows' own tokens on the fused path over the copied prefix keys.
     Each row's logits against the oracle run on its whole prompt, as the test above."""
-    from runners import cuda_graphs, engine as engine_mod
-    from runners.engine import ForwardBatch
+    from omni_cli.runners import cuda_graphs, engine as engine_mod
+    from omni_cli.runners.engine import ForwardBatch
 
     cfg, oracle, peer, ours = models
     monkeypatch.setattr(engine_mod, "PREFIX_MIN_SAVED_TOKENS", 1)

@@ -54,7 +54,7 @@ def reference_runs(eos_ckpt):
 @pytest.mark.parametrize("which", ["eos", "default", "eos-shared-prefix"])
 def test_codes_logprobs_audio_match_reference(tmp_path, eos_ckpt, reference_runs, which, monkeypatch):
     if which == "eos-shared-prefix":
-        from runners import engine
+        from omni_cli.runners import engine
 
         monkeypatch.setattr(engine, "PREFIX_MIN_SAVED_TOKENS", 1)
         which = "eos"
@@ -97,7 +97,7 @@ def test_codes_logprobs_audio_match_reference(tmp_path, eos_ckpt, reference_runs
 
 def test_prompt_ids_equal_processor(reference_runs):
     """Our prompt ids equal HiggsAudioV2Processor.apply_chat_template's for the same conversation."""
-    from runners.higgs_audio_v2.prompt import PromptBuilder
+    from omni_cli.runners.higgs_audio_v2.prompt import PromptBuilder
 
     ref, _ = reference_runs["default"]
     builder = PromptBuilder(TINY / "model", ref.model.config.audio_bos_token_id)

@@ -12,12 +12,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from runners import engine as engine_mod
-from runners.attention import KVCache
-from runners.checkpoint import load_into, read_safetensors
-from runners.engine import Engine, ForwardBatch, shared_prefix
-from runners.higgs_audio_v2.config import HiggsConfig
-from runners.higgs_audio_v2.model import HiggsAudioV2LM
+from omni_cli.runners import engine as engine_mod
+from omni_cli.runners.attention import KVCache
+from omni_cli.runners.checkpoint import load_into, read_safetensors
+from omni_cli.runners.engine import Engine, ForwardBatch, shared_prefix
+from omni_cli.runners.higgs_audio_v2.config import HiggsConfig
+from omni_cli.runners.higgs_audio_v2.model import HiggsAudioV2LM
 from tests.conftest import TINY
 
 CPU = torch.device("cpu")
@@ -104,7 +104,7 @@ def test_cached_attention_after_a_prefix_is_causal_to_the_last_key():
     """attend_cached_causal (the fused prefill's attention) with P prefix keys in the cache:
     query j of a row is position P + j and sees keys 0..P + j, against float64 attention over
     keys repeated per query head, with slots out of order."""
-    from runners.attention import AttentionContext
+    from omni_cli.runners.attention import AttentionContext
 
     g = torch.Generator().manual_seed(3)
     b, h, kvh, d, p, t = 3, 6, 2, 16, 5, 7

@@ -22,7 +22,7 @@ from transformers.generation.logits_process import (
     TopPLogitsWarper,
 )
 
-from runners.sampling import (
+from omni_cli.runners.sampling.ops import (
     apply_repetition_penalty,
     apply_suppress_tokens,
     apply_warpers,

@@ -7,7 +7,7 @@ import random
 import numpy as np
 import pytest
 
-from omni_cli.params import SamplingParams
+from omni_cli.runners.sampling.params import SamplingParams
 from omni_cli.scheduler import FrameBuffer, Request, Scheduler, SlotPool, Status
 
 

@@ -8,7 +8,7 @@ import random
 import numpy as np
 import pytest
 
-from omni_cli.seeds import derive_seed, row_seed
+from omni_cli.runners.sampling.seeds import derive_seed, row_seed
 from tests.conftest import read_manifest, run_cli, write_jsonl
 
 TEXTS = ["Hi.", "The sun rises in the east.", "A longer sentence, to make this prompt longer than the rest.",

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from omni_cli.loop import run_loop
-from omni_cli.params import SamplingParams
+from omni_cli.runners.sampling.params import SamplingParams
 from omni_cli.scheduler import Request, Scheduler
 from omni_cli.warmup import warm_up_lm
 from tests.test_async import TEXTS, _tiny_runner

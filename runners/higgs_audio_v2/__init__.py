@@ -8,17 +8,17 @@ import time
 import torch
 
 from omni_cli.config import ModelConfig
-from omni_cli.errors import OmniError
+from ..errors import OmniError
 from omni_cli.scheduler import prefill_token_budget
-from runners.attention import KVCache
-from runners.checkpoint import resolve_folder, stream_into
-from runners.device import RUNTIME_SLACK_BYTES, free_memory, kv_slots_within, peak_bytes
-from runners.engine import Engine, FixedShapes, ForwardBatch
-from runners.higgs_audio_v2.codec import HiggsCodecDecoder
-from runners.higgs_audio_v2.config import HiggsConfig
-from runners.higgs_audio_v2.model import HiggsAudioV2LM
-from runners.higgs_audio_v2.prompt import PromptBuilder
-from runners.higgs_audio_v2.runner import CODEC_BATCH_FRAMES, HiggsRunner, codec_bytes
+from ..attention import KVCache
+from ..checkpoint import resolve_folder, stream_into
+from ..device import RUNTIME_SLACK_BYTES, free_memory, kv_slots_within, peak_bytes
+from ..engine import Engine, FixedShapes, ForwardBatch
+from .codec import HiggsCodecDecoder
+from .config import HiggsConfig
+from .model import HiggsAudioV2LM
+from .prompt import PromptBuilder
+from .runner import CODEC_BATCH_FRAMES, HiggsRunner, codec_bytes
 
 # present in released checkpoints, unused for generation (as in transformers,
 # which lists it in _keys_to_ignore_on_load_unexpected)

@@ -32,9 +32,9 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from omni_cli.errors import ConfigError
-from runners.attention import fused_kernels_available
-from runners.checkpoint import fold_weight_norm, load_into, read_safetensors
+from ..errors import ConfigError
+from ..attention import fused_kernels_available
+from ..checkpoint import fold_weight_norm, load_into, read_safetensors
 
 
 # what HiggsAudioV2TokenizerConfig puts under a codec config's acoustic_model_config where it
@@ -107,7 +107,7 @@ class _FusedSnake1d(Snake1d):
     traffic at the 24 kHz end, where transformers' version makes seven passes over it."""
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
-        from runners.fused_ops import snake
+        from ..fused_ops import snake
 
         return snake(hidden_states, self.alpha)
 
@@ -182,7 +182,7 @@ def use_fused_kernels(dec: _AcousticDecoder) -> None:
     float32 the units and the last convolution stay cuDNN's (TF32), which the kernels'
     full-precision float32 arithmetic would not match in speed or rounding; elsewhere only
     Triton's interpreter runs this (tests), in any dtype."""
-    from runners.fused_codec import FusedHead, FusedUnit, fits
+    from ..fused_codec import FusedHead, FusedUnit, fits
 
     p = next(dec.parameters())
     units = p.device.type != "cuda" or p.dtype in (torch.bfloat16, torch.float16)
@@ -294,7 +294,7 @@ class HiggsCodecDecoder(nn.Module):
         unit's add too, each rounded where the modules round, so the values are theirs.
         ATen's separate bias adds were 21 passes over the signal a call, at ~1.3 TB/s:
         ~3.3 ms of a 32-row drain call's ~30 (bf16, H200; benchmarks/drain_timeline.py)."""
-        from runners.fused_ops import snake
+        from ..fused_ops import snake
 
         dec = self.acoustic_decoder
         if lengths is not None:

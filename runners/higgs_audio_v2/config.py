@@ -7,7 +7,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from omni_cli.errors import ConfigError
+from ..errors import ConfigError
 
 # transformers' HiggsAudioV2Config defaults, for keys a config.json may omit
 _DEFAULT_ROPE = {

@@ -35,8 +35,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from runners.attention import AttentionContext
-from runners.higgs_audio_v2.config import HiggsConfig
+from ..attention import AttentionContext
+from .config import HiggsConfig
 
 
 class TokenSplit:
@@ -121,8 +121,8 @@ class MLP(nn.Module):
     def forward_fused(self, x: torch.Tensor) -> torch.Tensor:
         """x [N, hidden] -> [N, hidden]; up to fused_mm.MAX_ROWS rows (16-bit), gate/up and
         silu·up are one kernel (runners/fused_mm.py), else a cuBLAS GEMM and silu_mul."""
-        from runners import fused_mm
-        from runners.fused_ops import silu_mul
+        from .. import fused_mm
+        from ..fused_ops import silu_mul
 
         if fused_mm.takes(x):
             return self.down_proj(fused_mm.mm(x, self.gate_up_weight, silu_mul=True))
@@ -184,8 +184,8 @@ class Attention(nn.Module):
     def decode_fused(self, x: torch.Tensor, rope_cos: torch.Tensor, rope_sin: torch.Tensor,
                      ctx: AttentionContext) -> torch.Tensor:
         """x [B, hidden] (one decode token per row) -> [B, hidden]."""
-        from runners.decode_attention import decode_attention
-        from runners.fused_ops import rope_kv_write
+        from ..decode_attention import decode_attention
+        from ..fused_ops import rope_kv_write
 
         kc, vc = ctx.kv.k_gpu[self.layer], ctx.kv.v_gpu[self.layer]
         qkv = F.linear(x, self.qkv_weight, self.qkv_bias)
@@ -197,7 +197,7 @@ class Attention(nn.Module):
     def prefill_fused(self, x: torch.Tensor, rope_cos: torch.Tensor, rope_sin: torch.Tensor,
                       positions: torch.Tensor, slots: torch.Tensor, ctx: AttentionContext, b: int) -> torch.Tensor:
         """x [B * T, hidden] (row-major tokens); positions, slots [B * T] -> [B * T, hidden]."""
-        from runners.fused_ops import rope_kv_write
+        from ..fused_ops import rope_kv_write
 
         kc, vc = ctx.kv.k_gpu[self.layer], ctx.kv.v_gpu[self.layer]
         qkv = F.linear(x, self.qkv_weight, self.qkv_bias)
@@ -233,7 +233,7 @@ class DecoderLayer(nn.Module):
         """The audio path of one decode token per row, x [B, hidden]. The residual
         add of the previous layer's MLP output (delta) is fused into this layer's
         first norm; returns (residual, this layer's MLP output)."""
-        from runners.fused_ops import add_rmsnorm
+        from ..fused_ops import add_rmsnorm
 
         n1, n2 = self.audio_input_layernorm, self.audio_post_attention_layernorm
         x, h = add_rmsnorm(x, delta, n1.weight, n1.eps)
@@ -243,8 +243,8 @@ class DecoderLayer(nn.Module):
     def decode_gemv(self, x, rope_cos, rope_sin, ctx) -> torch.Tensor:
         """decode_fused's arithmetic for one row in five kernels (runners/fused_gemv.py):
         x [1, hidden] the residual in -> the residual out."""
-        from runners.decode_attention import decode_attention
-        from runners.fused_gemv import gemv, qkv_rope
+        from ..decode_attention import decode_attention
+        from ..fused_gemv import gemv, qkv_rope
 
         a, mlp = self.self_attn, self.audio_mlp
         n1, n2 = self.audio_input_layernorm, self.audio_post_attention_layernorm
@@ -259,7 +259,7 @@ class DecoderLayer(nn.Module):
     def prefill_fused(self, x, delta, rope_cos, rope_sin, positions, slots, ctx, split: TokenSplit, b: int):
         """decode_fused's prefill twin over flattened tokens x [B * T, hidden], each token
         on its text or audio norms and MLP."""
-        from runners.fused_ops import add_rmsnorm
+        from ..fused_ops import add_rmsnorm
 
         def norms(text: RMSNorm, audio: RMSNorm):  # (residual + delta, its norm) per path
             return (lambda y, d: add_rmsnorm(y, d, text.weight, text.eps),
@@ -313,7 +313,7 @@ class HiggsAudioV2LM(nn.Module):
 
     def to_runtime(self, device: torch.device, dtype: torch.dtype) -> "HiggsAudioV2LM":
         """Weights to ``dtype`` on ``device``; rope tables stay float32."""
-        from runners.attention import fused_kernels_available
+        from ..attention import fused_kernels_available
 
         self.to(device=device, dtype=dtype)
         self._set_rope(device)
@@ -366,7 +366,7 @@ class HiggsAudioV2LM(nn.Module):
         """x [B, T, hidden] prompt embeddings -> final hidden [B, T, hidden] (CUDA prefill).
         Deterministic mode keeps the plain path: its prefill attention is pinned to a
         kernel measured bit-stable at fixed shapes (runners/attention.py)."""
-        from runners.fused_ops import add_rmsnorm
+        from ..fused_ops import add_rmsnorm
 
         b, t, n = x.shape
         positions = ctx.positions_gpu.reshape(-1)  # [B * T]
@@ -381,13 +381,13 @@ class HiggsAudioV2LM(nn.Module):
         """Whether a forward of this many rows takes the GEMV kernels (which have no bias)."""
         if not self.fused or self.cfg.attention_bias:
             return False  # and Triton may be missing: no import
-        from runners.fused_gemv import MAX_ROWS
+        from ..fused_gemv import MAX_ROWS
 
         return rows <= MAX_ROWS
 
     def _decode_fused(self, x: torch.Tensor, ctx: AttentionContext) -> torch.Tensor:
         """x [B, 1, hidden] audio embeddings -> final hidden [B, 1, hidden] (CUDA decode)."""
-        from runners.fused_ops import add_rmsnorm
+        from ..fused_ops import add_rmsnorm
 
         x, delta = x[:, 0], None
         if self._gemv_rows(x.shape[0]):
@@ -402,7 +402,7 @@ class HiggsAudioV2LM(nn.Module):
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden [B, H] -> float32 logits [B, C * codebook_size] (bf16-rounded where the weights are bf16)."""
         if self._gemv_rows(hidden.shape[0]):
-            from runners.fused_gemv import gemv
+            from ..fused_gemv import gemv
 
             return gemv(hidden, self.audio_lm_head.weight, out_dtype=torch.float32)
         return self.audio_lm_head(hidden).float()

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from omni_cli.errors import OmniError
-from runners.chat_template import ChatTokenizer
+from ..errors import OmniError
+from ..chat_template import ChatTokenizer
 
 
 class PromptBuilder:

@@ -24,14 +24,14 @@ import threading
 import numpy as np
 import torch
 
-from runners.attention import fused_kernels_available
-from runners.audio import pcm16
-from runners.base import BatchResult, ModelRunner, StepCollect
-from runners.codec_graphs import CodecGraphs
-from runners.device import host_buffer, new_event
-from runners.engine import Engine, ForwardBatch
-from runners.higgs_audio_v2.codec import HiggsCodecDecoder
-from runners.higgs_audio_v2.config import HiggsConfig
+from ..attention import fused_kernels_available
+from ..audio import pcm16
+from ..base import BatchResult, ModelRunner, StepCollect
+from ..codec_graphs import CodecGraphs
+from ..device import host_buffer, new_event
+from ..engine import Engine, ForwardBatch
+from .codec import HiggsCodecDecoder
+from .config import HiggsConfig
 
 # codec frames per batched decode call: ~1.4 GiB of activations at the 3B codec
 # in bf16 (~340 KB a frame, measured by benchmarks/codec_decode.py), which the
@@ -152,7 +152,7 @@ class HiggsRunner(ModelRunner):
     def process_logits(self, logits_gpu: torch.Tensor, fb: ForwardBatch, requests) -> torch.Tensor:
         s = fb.slots_gpu
         if self._fused:
-            from runners.higgs_audio_v2.fused_step import delay_masks
+            from .fused_step import delay_masks
 
             return delay_masks(logits_gpu, s, fb.steps_gpu, self.slot_gpu["min_new_frames"], self.bos_delay_gpu,
                                self.eos_delay_gpu, self.delay_started_gpu, self.cfg.audio_stream_bos_id,
@@ -178,7 +178,7 @@ class HiggsRunner(ModelRunner):
         tokens = result.next_token_ids_gpu  # [B, C]
         s = fb.slots_gpu
         if self._fused:
-            from runners.higgs_audio_v2.fused_step import publish
+            from .fused_step import publish
 
             return publish(tokens, result.logprobs_gpu, result.raw_logprobs_gpu, s, self.last_codes_gpu,
                            self.delay_started_gpu, self.cfg.audio_stream_eos_id)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from runners.higgs_audio_v2.config import HiggsConfig
+from .config import HiggsConfig
 
 _TINY = Path(__file__).resolve().parents[2] / "configs" / "tiny-higgs-audio-v2" / "model" / "config.json"
 
@@ -78,7 +78,7 @@ def random_codec(name: str, dtype, device):
 
     from transformers import HiggsAudioV2TokenizerModel
 
-    from runners.higgs_audio_v2.codec import HiggsCodecDecoder
+    from .codec import HiggsCodecDecoder
 
     with tempfile.TemporaryDirectory() as tmp:
         HiggsAudioV2TokenizerModel(codec_config(name)).save_pretrained(tmp)

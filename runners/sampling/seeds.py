@@ -9,7 +9,7 @@ from __future__ import annotations
 import hashlib
 import secrets
 
-from omni_cli.params import SEED_MASK
+from .params import SEED_MASK
 
 ROW_NAMESPACE = "omni-cli-row"
 

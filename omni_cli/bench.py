@@ -27,12 +27,10 @@ from omni_cli.warmup import warm_up_lm
 from omni_cli.runners.attention import KVCache
 from omni_cli.runners.device import blas_library
 from omni_cli.runners.engine import Engine
-from omni_cli.runners.higgs_audio_v2.codec import HiggsCodecDecoder
 from omni_cli.runners.higgs_audio_v2.model import HiggsAudioV2LM
 from omni_cli.runners.higgs_audio_v2.runner import HiggsRunner
 from omni_cli.runners.higgs_audio_v2.shapes import param_counts, shape_config, transformers_config
 
-TINY_CODEC = Path(__file__).resolve().parent.parent / "configs" / "tiny-higgs-audio-v2" / "codec"
 # ceilings measured on the lent H200 (shared/design/facts.md): device copy, bf16 matmul
 H200_BYTES_PER_S, H200_FLOPS = 4.27e12, 801e12
 AUDIO_S_PER_FRAME = 960 / 24000
@@ -88,7 +86,7 @@ class RunResult:
 
 
 def random_model(shape: str, dtype: torch.dtype, device: torch.device, max_seq_len: int):
-    """(transformers model, our model with the same random weights, tiny codec)."""
+    """(transformers model, our model with the same random weights)."""
     from transformers import HiggsAudioV2ForConditionalGeneration
 
     cfg = shape_config(shape)
@@ -97,11 +95,10 @@ def random_model(shape: str, dtype: torch.dtype, device: torch.device, max_seq_l
         ref = HiggsAudioV2ForConditionalGeneration(transformers_config(cfg)).to(dtype).eval()
         model = HiggsAudioV2LM(cfg, max_seq_len)
     model.load_state_dict(ref.state_dict(), strict=False)  # the same weights; ref lacks only our rope buffers
-    codec = HiggsCodecDecoder.load(TINY_CODEC, dtype, device)  # needed by the runner, unused by LM steps
-    return ref, model.to_runtime(device, dtype), codec
+    return ref, model.to_runtime(device, dtype)
 
 
-def run_requests(model, codec, n_req: int, max_batch: int, frames: int, prompt_len: int, max_seq_len: int,
+def run_requests(model, n_req: int, max_batch: int, frames: int, prompt_len: int, max_seq_len: int,
                  async_decode: bool, device: torch.device, fixed_shapes=None) -> RunResult:
     """n_req requests of exactly `frames` frames through the scheduler loop (graphs on CUDA)."""
     cfg = model.cfg
@@ -110,10 +107,10 @@ def run_requests(model, codec, n_req: int, max_batch: int, frames: int, prompt_l
     engine = Engine(model, kv, device, fixed_shapes)
     if device.type == "cuda":
         engine.use_graphs()
-    runner = HiggsRunner(engine, cfg, codec, max_batch, max_seq_len, device)
+    runner = HiggsRunner(engine, cfg, max_batch, max_seq_len, device)
     sched = Scheduler(max_batch, max_seq_len)
     params = SamplingParams(temperature=1.0, top_k=50, top_p=0.95, max_new_frames=frames, min_new_frames=frames)
-    reqs = [Request(rid=f"r{i}", prompt_ids=ids, params=params, seed=1000 + i)
+    reqs = [Request(rid=f"r{i}", prompt=ids, params=params, seed=1000 + i)
             for i, ids in enumerate(_prompts(cfg, n_req, prompt_len))]
     # as omni generate does before its first row: the graph captures (and a cold process's
     # kernel compiles) are startup, not part of the measured run
@@ -145,10 +142,10 @@ def _transformers(ref, cfg, batch, frames, prompt_len, device):
 def run_bench(shape: str, batches: list[int], frames: int, prompt_len: int, device: torch.device,
               dtype: torch.dtype, out_json: Path | None, plot: Path | None, peers=("sync", "async", "transformers")):
     max_seq = prompt_len + frames
-    ref, model, codec = random_model(shape, dtype, device, max_seq)
+    ref, model = random_model(shape, dtype, device, max_seq)
     cfg = model.cfg
     elem = torch.finfo(dtype).bits // 8
-    run_requests(model, codec, 2, 2, 12, prompt_len, max_seq, True, device)  # warm-up
+    run_requests(model, 2, 2, 12, prompt_len, max_seq, True, device)  # warm-up
     rows: list[BenchRow] = []
     for b in batches:
         floor = _floor_ms(cfg, b, prompt_len + frames // 2, elem, device)
@@ -156,7 +153,7 @@ def run_bench(shape: str, batches: list[int], frames: int, prompt_len: int, devi
             if peer == "transformers":
                 ms, wall, steps = _transformers(ref, cfg, b, frames, prompt_len, device)
             else:
-                res = run_requests(model, codec, b, b, frames, prompt_len, max_seq, peer == "async", device)
+                res = run_requests(model, b, b, frames, prompt_len, max_seq, peer == "async", device)
                 ms, wall, steps = res.ms_per_step, res.wall_s, frames
             # reverted audio: 8 frames of the delay ramp carry no sound
             rows.append(BenchRow(peer, b, ms, b * max(steps - 8, 0) * AUDIO_S_PER_FRAME / wall, floor))

@@ -24,6 +24,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from omni_cli.runners.budget import prefill_token_budget
+from omni_cli.runners.prompt_input import PromptInput
 from omni_cli.runners.sampling.params import SamplingParams
 
 
@@ -84,7 +86,7 @@ class FrameBuffer:
 @dataclass(eq=False)
 class Request:
     rid: str
-    prompt_ids: list[int]
+    prompt: PromptInput  # token ids are taken as a text-only prompt
     params: SamplingParams
     seed: int
     status: Status = Status.WAITING
@@ -98,6 +100,13 @@ class Request:
     # steps launched on the device but not yet resolved on the host
     num_scheduled: int = 0
 
+    def __post_init__(self) -> None:
+        self.prompt = PromptInput.of(self.prompt)
+
+    @property
+    def prompt_ids(self) -> list[int]:
+        return self.prompt.ids
+
     @property
     def generation_steps(self) -> int:
         return len(self.frames)
@@ -109,7 +118,7 @@ class Request:
 
     def kv_tokens_needed(self) -> int:
         """Worst-case KV positions: the prompt plus every frame but the last."""
-        return len(self.prompt_ids) + self.params.max_new_frames - 1
+        return len(self.prompt) + self.params.max_new_frames - 1
 
 
 @dataclass
@@ -140,11 +149,6 @@ class SlotPool:
             raise RuntimeError(f"KV slot {slot} freed twice or never allocated")
         self._used.remove(slot)
         self._free.append(slot)
-
-
-def prefill_token_budget(max_seq_len: int) -> int:
-    """Padded tokens one prefill may hold by default (the runner sizes its memory for it)."""
-    return max(max_seq_len, 4096)
 
 
 class Scheduler:

@@ -44,7 +44,7 @@ def warm_up_lm(runner, queued: list[Request], max_seq_len: int, async_decode: bo
         prompt = queued[i].prompt_ids if i < len(queued) else template.prompt_ids
         if len(prompt) + params.max_new_frames > max_seq_len:
             prompt = template.prompt_ids
-        return Request(rid=f"warm-up-{i}", prompt_ids=prompt, params=params, seed=template.seed)
+        return Request(rid=f"warm-up-{i}", prompt=prompt, params=params, seed=template.seed)
 
     for batch in ([request(i, 2 + depth - i.bit_length()) for i in range(rows)], [request(0, 1)]):
         scheduler = Scheduler(runner.num_slots, max_seq_len)

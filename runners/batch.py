@@ -18,7 +18,9 @@ class ForwardBatch:
     steps_gpu: torch.Tensor  # [B]
     positions_gpu: torch.Tensor  # [B, T]
     model_inputs: dict[str, torch.Tensor] = field(default_factory=dict)
-    prompts_cpu: list[list[int]] = field(default_factory=list)  # prefill: each row's prompt ids; [] if not given
+    # prefill: each row's prompt content (runners/prompt_input.py: ids, audio positions keyed by
+    # their codes), what prefix sharing and prefill graphs compare; [] if not given
+    prompts_cpu: list[list[int]] = field(default_factory=list)
     slots_cpu: list[int] = field(default_factory=list)  # each row's slot, as slots_gpu; [] if not given
 
     @property

@@ -147,8 +147,8 @@ class PrefillGraphs:
     spare KV slot) and of tokens; like the eager prefill, every row runs
     positions 0..T-1 and writes their KV, which is exact for right-padded
     rows (runners/attention.py: attend_cached_causal). The bucket's T must fit
-    the slot, and every prompt token must take the same path through the
-    model (``model.uniform_prefill``: a graph cannot route tokens by their
+    the slot, and the model must accept the prompts for a graph
+    (``model.prefill_graph_inputs``: a graph cannot route tokens by their
     values), or the prefill runs eagerly. Logits differ from the eager
     prefill's by bf16 rounding only: the padded shapes may pick other kernels.
     """
@@ -157,7 +157,7 @@ class PrefillGraphs:
         self.model, self.kv, self.device, self.pool = model, kv, device, pool
         self._entries: dict[tuple[int, int], tuple] = {}  # (rows, tokens) -> buffers, graph, logits
 
-    def _build(self, rows: int, t: int):
+    def _build(self, rows: int, t: int, extra: dict):
         # Hazard: every tensor the graph reads must outlive it (kept in the entry): one made
         # outside the capture and dropped after it goes back to the allocator, and a replay
         # then reads whatever reuses that memory (an illegal address on the device, seen).
@@ -165,12 +165,11 @@ class PrefillGraphs:
               "slots": torch.zeros(rows, dtype=torch.int64, device=self.device),
               "last": torch.zeros(rows, dtype=torch.int64, device=self.device),  # each row's last prompt token
               "positions": torch.arange(t, device=self.device).expand(rows, t)}
-        split = self.model.uniform_split()
 
         def forward():
             attn = AttentionContext(kv=self.kv, is_prefill=True, slots_gpu=st["slots"], positions_gpu=st["positions"],
                                     mask_gpu=None, kv_len=t)
-            hidden = self.model(attn, input_ids=st["ids"], split=split)  # [rows, T, H]
+            hidden = self.model(attn, input_ids=st["ids"], **extra)  # [rows, T, H]
             return self.model.compute_logits(hidden[torch.arange(rows, device=self.device), st["last"]])
 
         st["slots"].fill_(self.kv.k_gpu.shape[1] - 1)  # warm-up and capture write the spare slot only
@@ -189,11 +188,13 @@ class PrefillGraphs:
         """Logits [B, ...] of each row's last prompt token, or None where this prefill runs eagerly."""
         n, longest = fb.batch_size, max(fb.lengths_cpu)
         rows, t = _next_pow2(n), min(max(_next_pow2(longest), _MIN_PREFILL_TOKENS), self.kv.max_seq_len)
-        if (rows * t > PREFILL_GRAPH_TOKENS or longest > t or len(fb.prompts_cpu) != n
-                or not self.model.uniform_prefill(fb.prompts_cpu)):
+        if rows * t > PREFILL_GRAPH_TOKENS or longest > t or len(fb.prompts_cpu) != n:
+            return None
+        extra = self.model.prefill_graph_inputs(fb.prompts_cpu)
+        if extra is None:
             return None
         if (rows, t) not in self._entries:
-            self._entries[(rows, t)] = self._build(rows, t)
+            self._entries[(rows, t)] = self._build(rows, t, extra)
         st, graph, logits = self._entries[(rows, t)]
         st["ids"].zero_()
         st["ids"][:n, :longest] = fb.model_inputs["input_ids"]

@@ -190,3 +190,22 @@ def pdl_launch(device: torch.device, rows: int) -> dict:
     kernels' waits are then compiled out."""
     ok = PDL and rows <= PDL_MAX_ROWS and device.type == "cuda" and torch.cuda.get_device_capability(device)[0] >= 9
     return {"launch_pdl": True} if ok else {}
+
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def pick_device(spec: str) -> torch.device:
+    """A config's `device`: auto (CUDA where there is one), cpu, cuda or cuda:N."""
+    from .errors import OmniError
+
+    if spec == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if spec.startswith("cuda") and not torch.cuda.is_available():
+        raise OmniError(f"device {spec!r} requested but CUDA is not available")
+    return torch.device(spec)
+
+
+def describe(device: torch.device) -> str:
+    """The device for run.json: 'cpu', or 'cuda:0 (NVIDIA H200)'."""
+    return str(device) + (f" ({torch.cuda.get_device_name(device)})" if device.type == "cuda" else "")

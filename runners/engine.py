@@ -47,7 +47,7 @@ from .batch import ForwardBatch
 from .cuda_graphs import DecodeGraphs, PrefillGraphs
 from .device import use_engine_blas
 
-__all__ = ["Engine", "FixedShapes", "ForwardBatch", "shared_prefix"]
+__all__ = ["DETERMINISTIC_SHAPES", "Engine", "FixedShapes", "ForwardBatch", "shared_prefix"]
 
 
 # A prefill shares its prompts' common prefix when that skips at least this many
@@ -77,6 +77,14 @@ class FixedShapes:
     decode_rows: int  # rows per decode forward
     prefill_rows: int  # prompts per prefill forward
     prefill_bucket: int  # prompts are padded to a multiple of this many tokens
+
+
+# Deterministic mode's shapes: constants per device type, so results do not depend on
+# --max-batch-size. On CUDA, 64 decode rows fill a step and a row's bits do not depend on its
+# place in the chunk; 32 prompts a prefill keep the eager prefill's launches amortised. On the
+# CPU the GEMMs' row tiles have remainder paths, so every row and prompt goes alone.
+DETERMINISTIC_SHAPES = {"cuda": FixedShapes(decode_rows=64, prefill_rows=32, prefill_bucket=64),
+                        "cpu": FixedShapes(decode_rows=1, prefill_rows=1, prefill_bucket=1)}
 
 
 class Engine:
@@ -120,15 +128,15 @@ class Engine:
             return None
         slots = [r.slot for r in reqs]
         if scheduler_output.is_prefill:
-            lens = [len(r.prompt_ids) for r in reqs]
+            lens = [len(r.prompt) for r in reqs]
             t = max(lens)
-            ids = [r.prompt_ids + [0] * (t - len(r.prompt_ids)) for r in reqs]
+            ids = [r.prompt.ids + [0] * (t - len(r.prompt)) for r in reqs]
             positions = [list(range(t)) for _ in reqs]
             model_inputs = {"input_ids": self._tensor(ids)}
-            prompts = [r.prompt_ids for r in reqs]
+            prompts = [r.prompt.content for r in reqs]  # compared by content: audio codes included
         else:
             # frame s-1 is fed at position prompt_len + s - 1 to sample frame s
-            pos = [len(r.prompt_ids) + s - 1 for r, s in zip(reqs, scheduler_output.steps)]
+            pos = [len(r.prompt) + s - 1 for r, s in zip(reqs, scheduler_output.steps)]
             lens = [p + 1 for p in pos]
             positions = [[p] for p in pos]
             model_inputs, prompts = {}, []

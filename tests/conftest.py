@@ -6,6 +6,7 @@ from tests import torchaudio_standin
 
 # before anything imports transformers: its torchaudio check is cached
 torchaudio_standin.install()
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -69,3 +70,15 @@ def read_manifest(out: Path) -> list[dict]:
     import json
 
     return [json.loads(line) for line in (out / "metadata.jsonl").read_text().splitlines()]
+
+
+def load_family(config, dtype=None, device=None, raw_logprobs: bool = False):
+    """The config's model family, loaded as omni generate loads it (dtype and device from the
+    config unless given)."""
+    from omni_cli.generate import GenerateOptions, _load_spec
+    from omni_cli.runners.device import DTYPES, pick_device
+    from omni_cli.runners.family import family_class
+
+    spec = _load_spec(config, GenerateOptions(prompts="-", out=Path("."), raw_logprobs=raw_logprobs))
+    spec = replace(spec, dtype=dtype or DTYPES[config.dtype], device=device or pick_device(config.device))
+    return family_class(config.family).load(spec)

@@ -18,7 +18,7 @@ from omni_cli.loop import run_loop
 from omni_cli.runners.sampling.params import SamplingParams
 from omni_cli.scheduler import Request, Scheduler
 from omni_cli.runners.base import ModelRunner
-from tests.conftest import read_manifest, run_cli, write_config, write_jsonl
+from tests.conftest import load_family, read_manifest, run_cli, write_config, write_jsonl
 
 TEXTS = ["Hi.", "The sun rises in the east.", "A longer sentence, to make this prompt longer than the rest.",
          "Medium length prompt!", "Five.", "Sixth row of the batch here.", "Seven", "Eighth and last prompt.",
@@ -65,13 +65,15 @@ def test_default_mode_async_keeps_codes_and_audio(tmp_path, eos_ckpt):
         assert (sync / m["file_name"]).read_bytes() == (lookahead / m["file_name"]).read_bytes()
 
 
-def _tiny_runner(ckpt, tmp_path, max_batch_size=4, deterministic=True):
-    from omni_cli.runners.higgs_audio_v2 import build
-
+def _tiny_model(ckpt, tmp_path, max_batch_size=4, deterministic=True):
     config = replace(load_config(write_config(tmp_path / "r.yaml", ckpt, max_seq_len=256)),
                      max_batch_size=max_batch_size, deterministic=deterministic)
-    runner, prompts = build(config, torch.float32, torch.device("cpu"))
-    return runner, prompts, config
+    return load_family(config, torch.float32, torch.device("cpu")), config
+
+
+def _tiny_runner(ckpt, tmp_path, max_batch_size=4, deterministic=True):
+    model, config = _tiny_model(ckpt, tmp_path, max_batch_size, deterministic)
+    return model.runner, model.prompts, config
 
 
 class FakeEvent:
@@ -97,7 +99,7 @@ def test_hit_miss_accounting_and_ping_pong(tmp_path, eos_ckpt, monkeypatch):
     runner, prompts, config = _tiny_runner(eos_ckpt, tmp_path)
     sched = Scheduler(4, 256)
     for i in range(3):
-        sched.add(Request(rid=f"r{i}", prompt_ids=prompts.build(TEXTS[i], config.system_prompt, None),
+        sched.add(Request(rid=f"r{i}", prompt=prompts.build(TEXTS[i], config.system_prompt, None),
                           params=SamplingParams(temperature=0, max_new_frames=20), seed=i))
     runner.execute(sched.schedule())  # prefill
     events = iter([FakeEvent([True]), FakeEvent([False]), FakeEvent([False])])
@@ -125,7 +127,7 @@ def test_a_runner_without_the_async_hooks_says_so(tmp_path, eos_ckpt):
 
     runner.__class__ = NoAsync
     sched = Scheduler(4, 256)
-    sched.add(Request(rid="a", prompt_ids=prompts.build("x", config.system_prompt, None),
+    sched.add(Request(rid="a", prompt=prompts.build("x", config.system_prompt, None),
                       params=SamplingParams(max_new_frames=5), seed=0))
     runner.execute(sched.schedule())
     with pytest.raises(NotImplementedError, match="does not support async decode"):
@@ -151,7 +153,7 @@ def test_thousand_random_requests_free_every_slot_once(tmp_path, early_eos_ckpt)
     for i in range(1000):
         n = rng.randint(1, 24)
         p = SamplingParams(temperature=rng.choice([0.0, 1.0]), max_new_frames=n, min_new_frames=rng.randint(0, n))
-        reqs.append(Request(rid=f"q{i}", prompt_ids=ids[i % 4], params=p, seed=i))
+        reqs.append(Request(rid=f"q{i}", prompt=ids[i % 4], params=p, seed=i))
         sched.add(reqs[-1])
     finished = []
     freed = []
@@ -183,7 +185,7 @@ def test_ineligible_batches_take_the_sync_path(tmp_path, eos_ckpt):
     outs = {}
     for async_decode in (False, True):
         sched = Scheduler(4, 256)
-        reqs = [Request(rid=f"r{i}", prompt_ids=prompts.build(t, config.system_prompt, None),
+        reqs = [Request(rid=f"r{i}", prompt=prompts.build(t, config.system_prompt, None),
                         params=SamplingParams(temperature=1.0, max_new_frames=30), seed=i)
                 for i, t in enumerate(TEXTS[:6])]
         for r in reqs:

@@ -13,7 +13,7 @@ import omni_cli.runners.checkpoint as checkpoint
 from safetensors.torch import load_file, save_file
 
 from omni_cli.runners.checkpoint import load_into, read_safetensors, stream_into
-from omni_cli.runners.higgs_audio_v2 import IGNORED_KEYS
+from omni_cli.runners.higgs_audio_v2.family import IGNORED_KEYS
 from omni_cli.runners.higgs_audio_v2.codec import HiggsCodecDecoder
 from omni_cli.runners.higgs_audio_v2.config import HiggsConfig
 from omni_cli.runners.higgs_audio_v2.model import HiggsAudioV2LM

@@ -190,13 +190,13 @@ def _codec_calls(monkeypatch, fail=lambda batch, call: False):
     return calls
 
 
-def _tiny_runner():
+def _tiny_codec():
     import torch
 
-    import omni_cli.runners.higgs_audio_v2 as higgs
     from omni_cli.config import load_config
+    from tests.conftest import load_family
 
-    return higgs.build(load_config(None), torch.float32, torch.device("cpu"))[0]
+    return load_family(load_config(None), torch.float32, torch.device("cpu")).codec
 
 
 def _frames(rng, n: int) -> np.ndarray:
@@ -212,19 +212,19 @@ def test_batched_codec_pads_rows_to_shared_shapes_and_sounds_as_if_alone(monkeyp
     """Rows of different lengths share calls of a bucketed length and a power-of-two batch
     (at most CODEC_BATCH_FRAMES frames); each row's audio is its own, as decoded alone,
     to within a conv's rounding: the padding is masked."""
-    import omni_cli.runners.higgs_audio_v2.runner as higgs_runner
+    import omni_cli.runners.codec_stage as codec_stage
 
-    runner = _tiny_runner()
+    stage = _tiny_codec()
     rng = np.random.default_rng(0)
     lengths = (40, 30, 40, 40, 30, 40, 60, 9)  # codec frames: 31, 21, ..., 51; 9 frames: no audio at all
     tokens = [_frames(rng, n) for n in lengths]
-    monkeypatch.setattr(higgs_runner, "CODEC_LENGTH_BUCKET", 32)
-    monkeypatch.setattr(higgs_runner, "CODEC_BATCH_FRAMES", 4 * 32)
+    monkeypatch.setattr(codec_stage, "CODEC_LENGTH_BUCKET", 32)
+    monkeypatch.setattr(codec_stage, "CODEC_BATCH_FRAMES", 4 * 32)
     calls = _codec_calls(monkeypatch)
-    batched = runner.decode_audio(tokens, batched=True)
+    batched = stage.decode(tokens, batched=True)
     # bucket 32: six rows in calls of 4 and 2; bucket 64: one row (a call of 128 frames holds 2, batch 1)
     assert sorted(calls) == [((1, 8, 64), False), ((2, 8, 32), False), ((4, 8, 32), False)]
-    alone = [runner.decode_audio([t], batched=False)[0] for t in tokens]
+    alone = [stage.decode([t], batched=False)[0] for t in tokens]
     assert len(batched[-1]) == 0 == len(alone[-1])
     for got, want in zip(batched[:-1], alone[:-1]):
         assert got.shape == want.shape and got.dtype == want.dtype == np.int16
@@ -236,57 +236,57 @@ def test_codec_calls_after_the_loop_hold_fewer_rows_and_sound_the_same(monkeypat
     CODEC_DRAIN_CALLS-th of the drain's rows, at least what CODEC_DRAIN_FRAMES hold, at most
     what a call beside the loop holds; each row's audio stays its own, and the warm-up decodes
     at every batch either kind of call takes, so the drain captures none."""
-    import omni_cli.runners.higgs_audio_v2.runner as higgs_runner
+    import omni_cli.runners.codec_stage as codec_stage
 
-    runner = _tiny_runner()
+    stage = _tiny_codec()
     rng = np.random.default_rng(2)
     tokens = [_frames(rng, 40) for _ in range(8)]  # 31 codec frames each: bucket 32
-    monkeypatch.setattr(higgs_runner, "CODEC_LENGTH_BUCKET", 32)
-    monkeypatch.setattr(higgs_runner, "CODEC_BATCH_FRAMES", 4 * 32)
-    monkeypatch.setattr(higgs_runner, "CODEC_DRAIN_FRAMES", 3 * 32)  # 3 rows: a batch of 2
+    monkeypatch.setattr(codec_stage, "CODEC_LENGTH_BUCKET", 32)
+    monkeypatch.setattr(codec_stage, "CODEC_BATCH_FRAMES", 4 * 32)
+    monkeypatch.setattr(codec_stage, "CODEC_DRAIN_FRAMES", 3 * 32)  # 3 rows: a batch of 2
     calls = _codec_calls(monkeypatch)
-    during = runner.decode_audio(tokens, batched=True)
+    during = stage.decode(tokens, batched=True)
     assert sorted(calls) == [((4, 8, 32), False)] * 2
     calls.clear()
-    drained = runner.decode_audio(tokens, batched=True, drain=True)
+    drained = stage.decode(tokens, batched=True, drain=True)
     assert sorted(calls) == [((2, 8, 32), False)] * 4
     calls.clear()
-    runner.decode_audio(tokens[:7], batched=True, drain=True)  # 2 + 2 + 2 + 1
+    stage.decode(tokens[:7], batched=True, drain=True)  # 2 + 2 + 2 + 1
     assert sorted(calls) == [((1, 8, 32), False)] + [((2, 8, 32), False)] * 3
-    assert runner._rows_per_call(32, drain_rows=8) == 2 and runner.codec_rows_per_call(40) == 4
-    monkeypatch.setattr(higgs_runner, "CODEC_DRAIN_CALLS", 2)  # a larger drain: about two calls
-    assert [runner._rows_per_call(32, drain_rows=n) for n in (4, 6, 8, 64)] == [2, 2, 4, 4]
-    monkeypatch.setattr(higgs_runner, "CODEC_DRAIN_FRAMES", 64 * 32)  # never more than a usual call
-    assert runner._rows_per_call(32, drain_rows=8) == 4
+    assert stage._rows_per_call(32, drain_rows=8) == 2 and stage.rows_per_call(40) == 4
+    monkeypatch.setattr(codec_stage, "CODEC_DRAIN_CALLS", 2)  # a larger drain: about two calls
+    assert [stage._rows_per_call(32, drain_rows=n) for n in (4, 6, 8, 64)] == [2, 2, 4, 4]
+    monkeypatch.setattr(codec_stage, "CODEC_DRAIN_FRAMES", 64 * 32)  # never more than a usual call
+    assert stage._rows_per_call(32, drain_rows=8) == 4
     for got, want in zip(drained, during):
         assert got.shape == want.shape
         assert np.abs(got.astype(np.int32) - want).max() <= 1
-    monkeypatch.setattr(higgs_runner, "CODEC_DRAIN_FRAMES", 3 * 32)
-    monkeypatch.setattr(higgs_runner, "CODEC_DRAIN_CALLS", 8)
+    monkeypatch.setattr(codec_stage, "CODEC_DRAIN_FRAMES", 3 * 32)
+    monkeypatch.setattr(codec_stage, "CODEC_DRAIN_CALLS", 8)
     for slots, batches in ((3, [1, 2, 4]), (1, [1]), (8, [1, 2, 4])):
         calls.clear()
-        runner.warm_codec(40, rows=slots, batched=True)
+        stage.warm(40, rows=slots, batched=True)
         assert sorted(shape[0] for shape, _ in calls) == batches, slots
         calls.clear()
         for n in range(1, slots + 1):  # every drain the run can have
-            runner.decode_audio(tokens[:n], batched=True, drain=True)
+            stage.decode(tokens[:n], batched=True, drain=True)
         assert {shape[0] for shape, _ in calls} <= set(batches), slots
 
 
 def test_codec_calls_are_queued_before_the_first_rows_come_out(monkeypatch):
     """The batched codec queues CODEC_CALLS_AHEAD calls beyond the one it collects: by the time
     the first call's rows come out, that many more have been launched (here all three)."""
-    import omni_cli.runners.higgs_audio_v2.runner as higgs_runner
+    import omni_cli.runners.codec_stage as codec_stage
 
-    runner = _tiny_runner()
+    stage = _tiny_codec()
     rng = np.random.default_rng(4)
     tokens = [_frames(rng, 40) for _ in range(7)]
-    monkeypatch.setattr(higgs_runner, "CODEC_LENGTH_BUCKET", 32)
-    monkeypatch.setattr(higgs_runner, "CODEC_BATCH_FRAMES", 3 * 32)  # calls of 3, 3, then 1
+    monkeypatch.setattr(codec_stage, "CODEC_LENGTH_BUCKET", 32)
+    monkeypatch.setattr(codec_stage, "CODEC_BATCH_FRAMES", 3 * 32)  # calls of 3, 3, then 1
     calls = _codec_calls(monkeypatch)
-    out = runner.decode_audio_calls(tokens, batched=True)
+    out = stage.decode_calls(tokens, batched=True)
     rows, _ = next(out)
-    assert rows == [0, 1, 2] and len(calls) == min(3, higgs_runner.CODEC_CALLS_AHEAD + 1) == 3
+    assert rows == [0, 1, 2] and len(calls) == min(3, codec_stage.CODEC_CALLS_AHEAD + 1) == 3
     assert sorted(i for rows, _ in out for i in rows) == [3, 4, 5, 6]
 
 
@@ -296,40 +296,40 @@ def test_a_codec_call_that_fails_after_others_are_queued_keeps_the_rows_before_i
     the second or third call fails, the rows of the calls before it still come out, once each,
     before the error; the rest are left to decode_rows' retries, which then give every row
     exactly once."""
-    import omni_cli.runners.higgs_audio_v2.runner as higgs_runner
-    from omni_cli.generate import decode_rows
+    import omni_cli.runners.codec_stage as codec_stage
+    from omni_cli.audio_stage import decode_rows
 
-    runner = _tiny_runner()
+    stage = _tiny_codec()
     rng = np.random.default_rng(4)
     tokens = [_frames(rng, 40) for _ in range(7)]
-    monkeypatch.setattr(higgs_runner, "CODEC_LENGTH_BUCKET", 32)
-    monkeypatch.setattr(higgs_runner, "CODEC_BATCH_FRAMES", 3 * 32)  # calls of 3, 3, then 1
-    want = runner.decode_audio(tokens, batched=True)
+    monkeypatch.setattr(codec_stage, "CODEC_LENGTH_BUCKET", 32)
+    monkeypatch.setattr(codec_stage, "CODEC_BATCH_FRAMES", 3 * 32)  # calls of 3, 3, then 1
+    want = stage.decode(tokens, batched=True)
     _codec_calls(monkeypatch, fail=lambda batch, call: call == failing)
     seen = []
     with pytest.raises(RuntimeError, match="out of memory"):
-        for rows, waves in runner.decode_audio_calls(tokens, batched=True):
+        for rows, waves in stage.decode_calls(tokens, batched=True):
             seen += rows
             for i, w in zip(rows, waves):
                 np.testing.assert_array_equal(w, want[i])
     assert len(seen) == 3 * (failing - 1) and len(set(seen)) == len(seen)
     calls = _codec_calls(monkeypatch, fail=lambda batch, call: call == failing)
-    got = list(decode_rows(runner, tokens, batched=True))
+    got = list(decode_rows(stage, tokens, batched=True))
     assert sorted(i for i, _ in got) == list(range(7)) and calls[failing - 1][1]
     for i, w in got:  # the first call's rows as batched, the rest decoded alone: a conv's rounding
         assert np.abs(w.astype(np.int32) - want[i]).max() <= 1
 
 
 def test_a_codec_batch_that_fails_is_retried_row_by_row(monkeypatch):
-    from omni_cli.generate import decode_rows
+    from omni_cli.audio_stage import decode_rows
 
-    runner = _tiny_runner()
+    stage = _tiny_codec()
     rng = np.random.default_rng(1)
     tokens = [_frames(rng, 30) for _ in range(6)]
-    want = [runner.decode_audio([t], batched=False)[0] for t in tokens]
+    want = [stage.decode([t], batched=False)[0] for t in tokens]
     # every batch fails, and so does every third single-row call: only those rows are lost
     calls = _codec_calls(monkeypatch, fail=lambda batch, call: batch > 1 or call % 3 == 0)
-    got = [wave for _, wave in sorted(decode_rows(runner, tokens, batched=True), key=lambda iw: iw[0])]
+    got = [wave for _, wave in sorted(decode_rows(stage, tokens, batched=True), key=lambda iw: iw[0])]
     assert calls[0][0][0] == 8 and calls[0][1] and [shape[0] for shape, _ in calls[1:]] == [1] * 6
     for (b, raised), g, w in zip(calls[1:], got, want):
         if raised:

@@ -35,7 +35,7 @@ def test_chunked_fixed_shapes_match_default_engine():
         engine = Engine(model, kv, torch.device("cpu"), shapes)
         sched = Scheduler(8, 128)
         for i, p in enumerate(prompts):
-            sched.add(Request(rid=f"r{i}", prompt_ids=p, params=SamplingParams(max_new_frames=10), seed=0))
+            sched.add(Request(rid=f"r{i}", prompt=p, params=SamplingParams(max_new_frames=10), seed=0))
         outs = []
         so = sched.schedule()
         fb = engine.build_forward_batch(so)
@@ -72,7 +72,7 @@ def test_decode_graph_padding_matches_eager():
             engine.use_graphs(capture=False)
         sched = Scheduler(8, 512)
         for i, p in enumerate(prompts):
-            sched.add(Request(rid=f"r{i}", prompt_ids=p, params=SamplingParams(max_new_frames=10), seed=0))
+            sched.add(Request(rid=f"r{i}", prompt=p, params=SamplingParams(max_new_frames=10), seed=0))
         engine.forward(engine.build_forward_batch(sched.schedule()))
         outs = []
         for c in codes:

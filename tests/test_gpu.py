@@ -62,16 +62,16 @@ def test_kv_budget_keeps_room_for_the_widest_prefill_it_measured(tmp_path):
     no more than that term."""
     import torch
 
-    import omni_cli.runners.higgs_audio_v2 as higgs
+    from tests.conftest import load_family
     from omni_cli.config import load_config
-    from omni_cli.scheduler import prefill_token_budget
+    from omni_cli.runners.budget import prefill_token_budget
     from omni_cli.runners.device import peak_bytes
     from omni_cli.runners.engine import ForwardBatch
 
     cfg = write_config(tmp_path / "m.yaml", TINY, max_seq_len=256)
     cfg.write_text(cfg.read_text().replace("dtype: float32", "dtype: bfloat16").replace("device: cpu", "device: cuda"))
-    runner = higgs.build(load_config(str(cfg)), torch.bfloat16, torch.device("cuda"))[0]
-    budget = runner.kv_budget
+    model = load_family(load_config(str(cfg)), torch.bfloat16, torch.device("cuda"))
+    runner, budget = model.runner, model.kv_budget
     assert budget["prefill_peak_mib"] > 0
     dev, t = torch.device("cuda"), 256
     rows = min(prefill_token_budget(t) // t, runner.num_slots)
@@ -205,7 +205,7 @@ def test_default_mode_batches_the_codec_within_bf16_rounding(tmp_path):
     import soundfile as sf
     import torch
 
-    import omni_cli.runners.higgs_audio_v2 as higgs
+    from tests.conftest import load_family
     from omni_cli.config import load_config
     from omni_cli.runners.codec_graphs import CodecGraphs
 
@@ -216,7 +216,7 @@ def test_default_mode_batches_the_codec_within_bf16_rounding(tmp_path):
     calls = []  # every batched call's rows, eager or replayed
     real, real_warm = CodecGraphs.__call__, generate._warm_up
     CodecGraphs.__call__ = lambda self, codes, lengths: (calls.append(codes.shape[0]), real(self, codes, lengths))[1]
-    generate._warm_up = lambda *a: (real_warm(*a), calls.append("warmed"))
+    generate._warm_up = lambda *a: (real_warm(*a), calls.append("warmed"))[0]
     try:
         out = _gen(tmp_path, "d", cfg, [{"id": f"r{i}", "text": t} for i, t in enumerate(TEXTS)], "--seed", "2",
                    "--min-new-frames", "60", "--max-batch-size", "8")
@@ -227,10 +227,10 @@ def test_default_mode_batches_the_codec_within_bf16_rounding(tmp_path):
     assert warm == [1 << (i // 2) for i in range(len(warm))] and len(warm) % 2 == 0, calls
     assert calls[len(warm) + 1:] == [8], calls  # the 8 rows finish in one step and share one call
     dev = torch.device("cuda")
-    runners = {dt: higgs.build(load_config(str(cfg)), dt, dev)[0] for dt in (torch.bfloat16, torch.float32)}
+    runners = {dt: load_family(load_config(str(cfg)), dt, dev).codec for dt in (torch.bfloat16, torch.float32)}
     for m in read_manifest(out):
         tokens = np.load(out / m["logprobs_file"])["tokens"]
-        alone = {dt: r.decode_audio([tokens], batched=False)[0].astype(np.int32) for dt, r in runners.items()}
+        alone = {dt: r.decode([tokens], batched=False)[0].astype(np.int32) for dt, r in runners.items()}
         got, _ = sf.read(out / m["file_name"], dtype="int16")
         bound = max(1, int(np.abs(alone[torch.bfloat16] - alone[torch.float32]).max()))
         assert np.abs(got.astype(np.int32) - alone[torch.bfloat16]).max() <= bound, m["id"]
@@ -245,7 +245,7 @@ def test_stream_into_fills_cuda_tensors_as_safetensors_reads_them(tmp_path, monk
     from safetensors.torch import load_file
 
     import omni_cli.runners.checkpoint as checkpoint
-    from omni_cli.runners.higgs_audio_v2 import _default_dtype
+    from omni_cli.runners.higgs_audio_v2.family import _default_dtype
     from omni_cli.runners.higgs_audio_v2.config import HiggsConfig
     from omni_cli.runners.higgs_audio_v2.model import HiggsAudioV2LM
     from tests.reference import HiggsAudioV2ForConditionalGeneration

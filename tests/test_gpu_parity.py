@@ -148,20 +148,17 @@ def test_greedy_codes_match_transformers_for_50_frames(models, teacher_forced):
     from omni_cli.loop import run_loop
     from omni_cli.runners.sampling.params import SamplingParams
     from omni_cli.scheduler import Request, Scheduler
-    from omni_cli.runners.higgs_audio_v2.codec import HiggsCodecDecoder
     from omni_cli.runners.higgs_audio_v2.runner import HiggsRunner
-    from tests.conftest import TINY
 
     cfg, oracle, peer, ours = models
     _, _, raw_tf, _, ours_tf = teacher_forced
     tie = 2 * float((ours_tf - raw_tf).abs().max())  # twice the largest logit error measured above
     prompts = [_prompt(cfg, n, i) for i, n in enumerate((40, 64, 100))]
     engine = _engine(cfg, ours, 3)
-    codec = HiggsCodecDecoder.load(TINY / "codec", torch.bfloat16, DEV)  # unused by LM steps
-    runner = HiggsRunner(engine, cfg, codec, 3, 512, DEV)
+    runner = HiggsRunner(engine, cfg, 3, 512, DEV)
     sched = Scheduler(3, 512)
     params = SamplingParams(temperature=0.0, max_new_frames=FRAMES)
-    reqs = [Request(rid=f"r{i}", prompt_ids=p, params=params, seed=i) for i, p in enumerate(prompts)]
+    reqs = [Request(rid=f"r{i}", prompt=p, params=params, seed=i) for i, p in enumerate(prompts)]
     for r in reqs:
         sched.add(r)
     run_loop(sched, runner, lambda rs: None, lambda n, st: None, True)

@@ -23,16 +23,17 @@ def test_no_slot_when_not_even_one_fits():
 
 
 def _patch_free(monkeypatch, free_bytes: int) -> None:
-    import omni_cli.runners.higgs_audio_v2 as higgs
+    import omni_cli.runners.budget as budget
 
-    monkeypatch.setattr(higgs, "free_memory", lambda device: free_bytes)
+    monkeypatch.setattr(budget, "free_memory", lambda device: free_bytes)
 
 
 def test_generate_runs_fewer_requests_when_the_kv_cache_does_not_fit(tmp_path, monkeypatch):
     import json
 
     from omni_cli.runners.device import RUNTIME_SLACK_BYTES
-    from omni_cli.runners.higgs_audio_v2.runner import CODEC_BATCH_FRAMES, CODEC_FRAME_BYTES
+    from omni_cli.runners.codec_stage import CODEC_BATCH_FRAMES
+    from omni_cli.runners.higgs_audio_v2.family import CODEC_FRAME_BYTES
     from tests.conftest import TINY, read_manifest, run_cli, write_config, write_jsonl
 
     # tiny checkpoint: 2 layers x 2 KV heads x 256 positions x head_dim 8 x (K, V) x 4 bytes per slot

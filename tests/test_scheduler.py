@@ -12,7 +12,7 @@ from omni_cli.scheduler import FrameBuffer, Request, Scheduler, SlotPool, Status
 
 
 def _req(i: int, prompt_len: int, frames: int) -> Request:
-    return Request(rid=f"r{i}", prompt_ids=[1] * prompt_len, params=SamplingParams(max_new_frames=frames), seed=0)
+    return Request(rid=f"r{i}", prompt=[1] * prompt_len, params=SamplingParams(max_new_frames=frames), seed=0)
 
 
 def _simulate(sched: Scheduler, lengths: dict[str, int]) -> list[tuple[bool, list[str]]]:
@@ -147,7 +147,7 @@ def test_frame_buffer_holds_what_numpy_stack_of_the_entries_holds():
 def test_released_frames_are_gone_and_refuse_more():
     """After its files are written a request drops its frames: reading or appending them then
     raises instead of handing out stale or partial rows."""
-    req = Request(rid="r", prompt_ids=[1], params=SamplingParams(), seed=0)
+    req = Request(rid="r", prompt=[1], params=SamplingParams(), seed=0)
     req.frames.append(np.zeros(8, dtype=np.int64))
     req.logprobs.append(np.zeros(8, dtype=np.float32))
     req.release()

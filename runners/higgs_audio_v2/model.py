@@ -76,6 +76,9 @@ class TokenSplit:
         return tuple(outs)
 
 
+_TEXT_ONLY = TokenSplit(None, all_audio=False)  # every prefill token on the text path
+
+
 class RMSNorm(nn.Module):
     def __init__(self, dim: int, eps: float):
         super().__init__()
@@ -329,16 +332,15 @@ class HiggsAudioV2LM(nn.Module):
     def _audio_ids(self) -> tuple[int, int]:
         return self.cfg.audio_token_id, self.cfg.audio_delay_token_id  # prompt tokens on the audio path
 
-    def uniform_prefill(self, prompts: list[list[int]]) -> bool:
-        """Whether a prefill of these prompts (host ids) can replay a CUDA graph: the fused
-        path, with every token on the text path (a graph cannot route tokens by value)."""
+    def prefill_graph_inputs(self, prompts: list[list[int]]) -> dict | None:
+        """The engine's prefill-graph contract: a prefill of these prompts (host content) replays
+        a graph on the fused path with every token on the text path, passed as a fixed routing
+        (a graph cannot route tokens by their values); None where any token is audio (an audio
+        or delay token id, or an audio-code position, keyed below zero)."""
         audio = self._audio_ids()
-        return self.fused and not any(i in audio for p in prompts for i in p)
-
-    @staticmethod
-    def uniform_split() -> TokenSplit:
-        """The routing of a prefill that ``uniform_prefill`` accepts: every token on the text path."""
-        return TokenSplit(None, all_audio=False)
+        if not self.fused or any(i < 0 or i in audio for p in prompts for i in p):
+            return None
+        return {"split": _TEXT_ONLY}
 
     def forward(self, ctx: AttentionContext, input_ids: torch.Tensor | None = None,
                 audio_codes: torch.Tensor | None = None, split: TokenSplit | None = None) -> torch.Tensor:

@@ -1,0 +1,62 @@
+"""A run's row outcomes: files and manifest rows through the OutputWriter, counts, progress.
+
+Called from the main thread (rows rejected before the run, interrupted rows)
+and from the writer threads (rows the codec decoded), so the counts are locked.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import numpy as np
+from rich.markup import escape
+
+from omni_cli.output import OutputWriter
+from omni_cli.progress import Progress
+from omni_cli.scheduler import Request
+
+
+class RowResults:
+    def __init__(self, writer: OutputWriter, progress: Progress, real_code_mask, quiet: bool):
+        self.writer, self.progress, self.quiet = writer, progress, quiet
+        self._real_code_mask = real_code_mask  # the family's: tokens [T, C] -> bool
+        self.ok = self.failed = 0
+        self.write_busy: list[float] = []  # seconds per row written, on the writer threads
+        self._lock = threading.Lock()
+        self.rows: dict[str, tuple] = {}  # request id -> (its prompt row, its system prompt, ...)
+
+    def fail(self, row: int, rid: str, text: str, error: str) -> None:
+        with self._lock:
+            self.failed += 1
+        self.writer.write_failed(row, rid, text, error)
+        self.progress.row_done(0.0, ok=False)
+        if not self.quiet:
+            self.progress.print_line(f"[red]omni: {escape(error)}[/red]")
+
+    def write(self, req: Request, tokens: np.ndarray, samples) -> None:
+        """On a writer thread: one decoded row's files (or its failure)."""
+        try:
+            self._write(req, tokens, samples)
+        finally:
+            req.release()  # written or failed: a run keeps every Request to its end, not their frames
+
+    def _write(self, req: Request, tokens: np.ndarray, samples) -> None:
+        row, system = self.rows[req.rid][:2]
+        if isinstance(samples, Exception):
+            self.fail(row.row, req.rid, row.text, f"row {row.row}: decoding its audio failed: {samples}")
+            return
+        t_write = time.perf_counter()
+        meta = {"row": row.row, "text": row.text, "scene": row.scene, "system": system, "seed": req.seed,
+                "finish_reason": req.finish_reason, **req.params.as_record()}
+        raw = req.raw_logprobs.array if len(req.raw_logprobs) else None
+        try:
+            record = self.writer.write_ok(row.row, req.rid, samples, tokens, req.logprobs.array,
+                                          self._real_code_mask(tokens), meta, raw)
+        except (OSError, ValueError) as e:  # a full disk: this row only
+            self.fail(row.row, req.rid, row.text, f"row {row.row}: writing its outputs failed: {e}")
+            return
+        with self._lock:
+            self.ok += 1
+            self.write_busy.append(time.perf_counter() - t_write)
+        self.progress.row_done(record["duration_s"], ok=True)

@@ -1,0 +1,74 @@
+"""run.json: what ran (versions, config, device, command), what came out, and where time went."""
+
+from __future__ import annotations
+
+import platform
+from pathlib import Path
+
+from omni_cli import __version__
+
+
+def versions() -> dict[str, str | None]:
+    """From the installed metadata: importing transformers costs seconds, and a run does not use it."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    def installed(name: str) -> str | None:
+        try:
+            return version(name)
+        except PackageNotFoundError:  # run.json is written after every row: it must not fail here
+            return None
+
+    return {"omni_cli": __version__, "torch": installed("torch"), "transformers": installed("transformers"),
+            "tokenizers": installed("tokenizers"), "python": platform.python_version()}
+
+
+def run_record(opts, config, model, results, progress, audio, stats, interrupted: bool, t: dict[str, float]) -> dict:
+    """The run's record. ``t``: perf_counter marks start, read, family, loaded, loop, decoded,
+    written, end, and the warm-up's seconds as warmup_s."""
+    elapsed, fps, asps = progress.rates()
+    warmup_s = t["warmup_s"]
+    codec_calls = audio.codec_calls
+    return {
+        "versions": versions(),
+        "config": config.as_dict(),
+        "device": model.device_name,
+        "dtype": config.dtype,
+        "kv_slots": model.num_slots,
+        "kv_budget": model.kv_budget,  # free memory and what was kept from it (CUDA), MiB
+        "command": {k: (str(v) if isinstance(v, Path) else v) for k, v in opts.__dict__.items()},
+        "totals": {"rows": progress.total, "ok": results.ok, "failed": results.failed, "interrupted": interrupted,
+                   "frames": progress.frames, "audio_s": round(progress.audio_s, 3)},
+        # generate_s: after the load and the warm-up (both startup), to the last file
+        "timings": {"load_s": round(t["loaded"] - t["start"], 3), "warmup_s": round(warmup_s, 3),
+                    # the load's parts: config and prompt file, the model family's imports, then its load's
+                    "load_phases": {"inputs_s": round(t["read"] - t["start"], 3),
+                                    "imports_s": round(t["family"] - t["read"], 3), **model.load_phases},
+                    "generate_s": round(t["end"] - t["loaded"] - warmup_s, 3),
+                    "wall_s": round(t["end"] - t["start"], 3), "frames_per_s": round(fps, 2),
+                    "audio_s_per_s": round(asps, 3),
+                    # the loop (prefill + decode, files written beside it), then the writers' tail
+                    "loop_s": round(t["decoded"] - t["loop"], 3),
+                    "prefill_s": round(sum(stats.prefill_ms) / 1e3, 3) if stats else None,
+                    "prefill_steps": len(stats.prefill_ms) if stats else None,
+                    "write_tail_s": round(t["written"] - t["decoded"], 3),
+                    # of that tail: until the codec thread's last call returned (its files submitted;
+                    # <= 0 when it returned during the loop), and the writers' busy seconds over the run
+                    "tail_codec_s": round(audio.codec_done - t["decoded"], 3) if codec_calls else None,
+                    "write_busy_s": round(sum(results.write_busy), 3),
+                    # the codec thread: its calls (each every row finished so far), their sum and the longest
+                    "codec_calls": len(codec_calls), "codec_s": round(sum(codec_calls), 3),
+                    "codec_max_call_s": round(max(codec_calls, default=0.0), 3),
+                    "step_ms": stats.percentiles() if stats else {}},
+        "async_decode": {"enabled": config.async_decode, "query_hits": model.runner.async_query_hit,
+                         "query_misses": model.runner.async_query_miss,
+                         "sync_routed_steps": stats.sync_routed if stats else 0},
+    }
+
+
+def async_summary(enabled: bool, runner, stats) -> str:
+    if not enabled:
+        return "omni: async decode off (synchronous steps)"
+    hits, misses = runner.async_query_hit, runner.async_query_miss
+    rate = f"{100 * hits / (hits + misses):.1f}%" if hits + misses else "n/a"
+    routed = stats.sync_routed if stats else 0
+    return f"omni: async decode on: query hit rate {rate} ({hits} hits, {misses} misses), {routed} steps routed to sync"

@@ -1,0 +1,100 @@
+"""The memory budget: how many requests' KV caches fit beside everything else a run keeps.
+
+Generic over model families: a family gives its KV shape, its model (to measure
+the widest prefill's activations) and its codec's per-call bytes
+(runners/family.py: ``Budget``); this decides the number of KV slots and
+builds the cache and the engine.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import torch
+
+from .attention import KVCache
+from .batch import ForwardBatch
+from .device import RUNTIME_SLACK_BYTES, free_memory, kv_slots_within, peak_bytes
+from .engine import DETERMINISTIC_SHAPES, Engine
+from .errors import OmniError
+
+
+def prefill_token_budget(max_seq_len: int) -> int:
+    """Padded tokens one prefill may hold (the scheduler admits within it; the budget keeps room for it)."""
+    return max(max_seq_len, 4096)
+
+
+@dataclass(frozen=True)
+class KVShape:
+    layers: int
+    kv_heads: int
+    head_dim: int
+
+    def slot_bytes(self, max_seq_len: int, dtype: torch.dtype) -> int:
+        """Keys and values of one request at max_seq_len positions."""
+        return 2 * self.layers * self.kv_heads * max_seq_len * self.head_dim * (torch.finfo(dtype).bits // 8)
+
+    def cache(self, slots: int, max_seq_len: int, dtype: torch.dtype, device: torch.device) -> KVCache:
+        return KVCache(self.layers, slots, self.kv_heads, max_seq_len, self.head_dim, dtype, device)
+
+
+def build_engine(spec, kv_shape: KVShape, model: torch.nn.Module, codec_call_bytes: int) -> tuple[Engine, int, dict | None]:
+    """The engine over a KV cache of as many slots as fit (plus the padding rows' spare slot),
+    CUDA graphs on where the device has them. Returns (engine, slots, the budget's terms for
+    run.json or None on the CPU). ``spec``: runners/family.py's LoadSpec."""
+    slots, budget = kv_slots(spec, kv_shape, model, codec_call_bytes)
+    kv = kv_shape.cache(slots + 1, spec.max_seq_len, spec.dtype, spec.device)
+    engine = Engine(model, kv, spec.device, DETERMINISTIC_SHAPES[spec.device.type] if spec.deterministic else None)
+    if spec.device.type == "cuda":
+        engine.use_graphs()  # the CPU path stays eager
+    return engine, slots, budget
+
+
+def kv_slots(spec, kv_shape: KVShape, model: torch.nn.Module, codec_call_bytes: int) -> tuple[int, dict | None]:
+    """Requests that may run at once: max_batch_size, or fewer where the KV cache of that
+    many would not fit in the memory left once weights and codec are loaded and room is kept
+    for the rest of the run: the widest prefill's activations (measured here), the codec's
+    calls beside the loop (``codec_call_bytes``), RUNTIME_SLACK_BYTES. None for the terms
+    where there is no budget (the CPU)."""
+    per_slot = kv_shape.slot_bytes(spec.max_seq_len, spec.dtype)
+    if free_memory(spec.device) is None:
+        return spec.max_batch_size, None
+    t0 = time.perf_counter()
+    prefill = widest_prefill_bytes(spec, kv_shape, model)
+    measured_s = time.perf_counter() - t0  # a cold process compiles the prefill's kernels here
+    free = free_memory(spec.device)  # after the measurement: the workspaces it created stay
+    headroom = prefill + codec_call_bytes + RUNTIME_SLACK_BYTES
+    slots = kv_slots_within(free, per_slot, spec.max_batch_size, headroom)
+    if slots < 1:
+        raise OmniError(f"{spec.source}: not enough free memory on {spec.device} for one request's KV cache at "
+                        f"max_seq_len {spec.max_seq_len} ({per_slot / 2**20:.0f} MiB per request, "
+                        f"{free / 2**30:.1f} GiB free, {headroom / 2**30:.1f} GiB of it kept for "
+                        f"activations, codec and workspaces): lower max_seq_len")
+    mib = lambda n: round(n / 2**20, 1)  # noqa: E731
+    return slots, {"free_mib": mib(free), "kv_slot_mib": mib(per_slot), "prefill_peak_mib": mib(prefill),
+                   "codec_mib": mib(codec_call_bytes), "slack_mib": mib(RUNTIME_SLACK_BYTES),
+                   "kv_mib": mib(per_slot * (slots + 1)), "prefill_measured_in_s": round(measured_s, 3)}
+
+
+def widest_prefill_bytes(spec, kv_shape: KVShape, model: torch.nn.Module) -> int:
+    """Activation bytes of the widest prefill a step admits (at most max_batch_size rows,
+    rows x the longest prompt within prefill_token_budget), measured by running one at least
+    as wide: rows of max_seq_len text tokens, as many as cover the budget (where max_seq_len
+    does not divide it, up to one row more than it admits), through the path the run takes
+    (fused, or deterministic mode's fixed chunks, which pad to their own row count), on a
+    one-slot cache that every row writes (what it then holds, and the logits, are dropped)."""
+    t, device = spec.max_seq_len, spec.device
+    rows = min(-(-prefill_token_budget(t) // t), spec.max_batch_size)
+    kv = kv_shape.cache(1, t, spec.dtype, device)
+    engine = Engine(model, kv, device, DETERMINISTIC_SHAPES[device.type] if spec.deterministic else None)
+    zeros = torch.zeros(rows, dtype=torch.int64, device=device)
+    fb = ForwardBatch(is_prefill=True, rids=[str(i) for i in range(rows)], slots_gpu=zeros, lengths_cpu=[t] * rows,
+                      steps_cpu=[0] * rows, steps_gpu=zeros,
+                      positions_gpu=torch.arange(t, device=device).expand(rows, t),
+                      model_inputs={"input_ids": torch.zeros(rows, t, dtype=torch.int64, device=device)})
+    peak = peak_bytes(lambda: engine.forward(fb), device)
+    del engine, kv
+    if device.type == "cuda":
+        torch.cuda.empty_cache()  # the one-slot cache too
+    return peak

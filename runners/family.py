@@ -1,0 +1,156 @@
+"""The model-family contract: what a family provides, and the registry from a config's ``family:``.
+
+The job (omni_cli) calls only what is declared here. A family is a package under
+runners/ with a ``ModelFamily`` subclass; Higgs Audio v2 is the first
+(runners/higgs_audio_v2/family.py). docs/design.md shows how Qwen3-TTS's parts
+map onto it.
+
+What a family provides:
+- loading from a ``LoadSpec`` (the config's values, passed down: runners never
+  reads the YAML), on the device, in its real checkpoint format;
+- its runner: a ``ModelRunner`` (runners/base.py) with the model's hooks;
+- prompt building from a row's fields (``render_prompt``, ``encode_prompts``):
+  text now, reference audio later, as ``PromptInput`` (runners/prompt_input.py);
+- its frame layout: streams a frame, frames a second, the sample rate, and
+  which sampled entries are real codes;
+- its codec as a ``RowCodec``: where a row's codes are and how to decode a
+  padded batch (and optionally encode audio), which the generic codec stage
+  (runners/codec_stage.py) batches;
+- its inputs to the memory budget (runners/budget.py): the KV shape, the model
+  to measure a prefill on, the codec's bytes a frame.
+"""
+
+from __future__ import annotations
+
+import abc
+import contextlib
+import importlib
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+import torch
+
+from .base import ModelRunner
+from .codec_stage import CodecStage
+from .device import describe, priority_stream
+from .errors import ConfigError
+from .prompt_input import PromptInput
+
+# family name (the YAML's `family:`) -> its module under runners/ and its ModelFamily class
+_REGISTRY = {"higgs_audio_v2": (".higgs_audio_v2.family", "HiggsAudioV2")}
+
+
+@dataclass(frozen=True)
+class LoadSpec:
+    """What loading needs from the job's config and flags."""
+
+    source: str  # where these settings came from (the YAML's path), for error messages
+    checkpoint: str  # a local folder or a hub id
+    codec: str  # a local folder or a hub id
+    dtype: torch.dtype
+    device: torch.device
+    max_batch_size: int  # KV slots wanted (the budget may grant fewer)
+    max_seq_len: int  # KV positions a slot
+    deterministic: bool  # batch-invariant shapes (runners/engine.py)
+    raw_logprobs: bool = False  # also report the unprocessed model logprobs
+
+
+class PromptFieldError(ValueError):
+    """A row field the family cannot build a prompt from: (field, message)."""
+
+    def __init__(self, field: str, message: str):
+        super().__init__(field, message)
+        self.field, self.message = field, message
+
+
+class RowCodec(Protocol):
+    """A family's codec, as the codec stage sees it. Rows are generated frames [T, num_streams]."""
+
+    num_streams: int
+    sample_rate: int  # audio samples a second
+    hop_length: int  # audio samples a codec frame
+
+    def span(self, tokens: np.ndarray) -> tuple[int, int]:
+        """(first, n): the row's codes start at generated frame `first` and give n codec frames (0: no audio)."""
+
+    def codes_into(self, out: np.ndarray, tokens: np.ndarray, first: int, n: int) -> None:
+        """Write the row's codec codes into out [num_streams, >= n] int64, in place."""
+
+    def decode(self, codes_gpu: torch.Tensor, lengths_gpu: torch.Tensor | None) -> torch.Tensor:
+        """codes [B, num_streams, T] (valid lengths [B], or None: all T) -> audio [B, T * hop_length] float."""
+
+    def frame_bytes(self, dtype: torch.dtype) -> int:
+        """Peak device memory a codec frame takes in a batched call (the memory budget's input)."""
+
+
+class ModelFamily(abc.ABC):
+    """One model family, loaded. ``load`` builds it; the job uses only these members."""
+
+    runner: ModelRunner  # the step hooks (runners/base.py)
+    codec: CodecStage  # the family's RowCodec inside the generic codec stage
+    num_streams: int  # sampled entries a frame (codebooks)
+    frame_rate: float  # frames a second
+    sample_rate: int  # audio samples a second
+    kv_budget: dict | None  # the memory budget's terms (run.json); None on the CPU
+    load_phases: dict[str, float]  # seconds per loading phase (run.json)
+
+    @classmethod
+    @abc.abstractmethod
+    def load(cls, spec: LoadSpec) -> "ModelFamily":
+        """Weights, codec, KV cache and engine on spec.device; the tokenizer."""
+
+    @property
+    def num_slots(self) -> int:
+        """Requests that run at once (the budget may grant fewer than spec.max_batch_size)."""
+        return self.runner.num_slots
+
+    # ---- device matters the job asks about, never decides ----
+    @property
+    def device_name(self) -> str:
+        return describe(self.runner.device)
+
+    @property
+    def warms_up(self) -> bool:
+        """Whether first-use costs (graph captures, kernel compiles, cuDNN plans) are worth a
+        warm-up before the first row: on CUDA, not on the CPU."""
+        return self.runner.device.type == "cuda"
+
+    @property
+    def batched_codec(self) -> bool:
+        """Rows go through the codec together (CUDA, default mode); else each alone at its own
+        length, so a row's audio bytes never depend on what finished with it (a batched CPU
+        conv rounds differently too)."""
+        return self.runner.device.type == "cuda" and not self.runner.engine.deterministic
+
+    def loop_stream(self) -> contextlib.AbstractContextManager:
+        """Where the decode loop runs: a stream of the highest priority on CUDA, ahead of the codec's."""
+        return priority_stream(self.runner.device)
+
+    @abc.abstractmethod
+    def render_prompt(self, text: str, system: str, scene: str | None) -> str:
+        """A row's prompt as text (the checkpoint's chat template); PromptFieldError names a bad field."""
+
+    @abc.abstractmethod
+    def encode_prompts(self, rendered: list[str]) -> list[PromptInput]:
+        """Rendered prompts -> what the engine runs, in one batch."""
+
+    @abc.abstractmethod
+    def real_code_mask(self, tokens: np.ndarray) -> np.ndarray:
+        """tokens [T, num_streams] -> bool, True where an entry is an audio code (not a control token)."""
+
+    def encode_audio(self, audio: np.ndarray, sample_rate: int) -> np.ndarray:
+        """Reference audio [samples] -> codes [frames, num_streams] (voice cloning); optional."""
+        raise NotImplementedError(f"{type(self).__name__} does not encode reference audio")
+
+
+def family_names() -> list[str]:
+    return sorted(_REGISTRY)
+
+
+def family_class(name: str, source: object = None) -> type[ModelFamily]:
+    """The registered family's class, imported on first use (a family's imports are heavy)."""
+    if name not in _REGISTRY:
+        raise ConfigError(source, "family", f"unknown family {name!r} (known: {', '.join(family_names())})")
+    module, cls = _REGISTRY[name]
+    return getattr(importlib.import_module(module, __package__), cls)

@@ -1,0 +1,154 @@
+"""Higgs Audio v2 as a ModelFamily (runners/family.py): loading, prompts, the codec's rows."""
+
+from __future__ import annotations
+
+import contextlib
+import time
+
+import numpy as np
+import torch
+
+from ..budget import KVShape, build_engine
+from ..checkpoint import resolve_folder, stream_into
+from ..codec_stage import CodecStage
+from ..family import LoadSpec, ModelFamily, PromptFieldError
+from ..prompt_input import PromptInput
+from .codec import HiggsCodecDecoder
+from .config import HiggsConfig
+from .model import HiggsAudioV2LM
+from .prompt import PromptBuilder
+from .runner import HiggsRunner
+
+# present in released checkpoints, unused for generation (as in transformers,
+# which lists it in _keys_to_ignore_on_load_unexpected)
+IGNORED_KEYS = ("text_lm_head.weight",)
+# a codec call's peak device memory a frame in bf16 (twice that in float32): the released
+# codec's measured peak, rounded up (benchmarks/codec_decode.py)
+CODEC_FRAME_BYTES = 350 << 10
+
+
+class HiggsCodec:
+    """The codec stage's view of Higgs's rows (a RowCodec).
+
+    Generated frames [T, C] -> codec codes [C, T'], as HiggsAudioV2Processor.batch_decode:
+    drop everything up to the last all-BOS frame and from the first all-EOS frame on
+    (``span``), revert the delay pattern (codebook k read k frames later) and clip stream
+    tokens into the code range (``codes_into``). T' = T_inner - C + 1, or 0."""
+
+    def __init__(self, cfg: HiggsConfig, decoder: HiggsCodecDecoder):
+        if decoder.num_quantizers != cfg.num_codebooks:
+            raise ValueError(f"codec has {decoder.num_quantizers} quantizers, the model {cfg.num_codebooks} codebooks")
+        self.decoder = decoder
+        self.num_streams = cfg.num_codebooks
+        self.sample_rate = decoder.sample_rate
+        self.hop_length = decoder.hop_length
+        self._bos, self._eos = cfg.audio_stream_bos_id, cfg.audio_stream_eos_id
+
+    def span(self, tokens: np.ndarray) -> tuple[int, int]:
+        """(first, n) for generated frames [T, C]: the inner frames (after the last all-BOS frame,
+        before the first all-EOS one after it) start at `first`, and give n codec frames."""
+        all_bos = np.flatnonzero((tokens == self._bos).all(axis=1))
+        start = int(all_bos[-1]) if all_bos.size else 0
+        all_eos = np.flatnonzero((tokens[start:] == self._eos).all(axis=1))
+        end = start + int(all_eos[0]) if all_eos.size else len(tokens)
+        first = start + 1
+        return first, max(end - first - self.num_streams + 1, 0)
+
+    def codes_into(self, out: np.ndarray, tokens: np.ndarray, first: int, n: int) -> None:
+        """out [C, >= n] int64: codebook k's codes are tokens[first + k : first + k + n, k] (the
+        delay pattern reverted), clipped into the code range; written in place."""
+        for k in range(self.num_streams):
+            np.clip(tokens[first + k: first + k + n, k], 0, self._bos - 1, out=out[k, :n])
+
+    def decode(self, codes_gpu: torch.Tensor, lengths_gpu: torch.Tensor | None) -> torch.Tensor:
+        return self.decoder.decode(codes_gpu, lengths_gpu)
+
+    @staticmethod
+    def frame_bytes(dtype: torch.dtype) -> int:
+        return CODEC_FRAME_BYTES * (torch.finfo(dtype).bits // 8) // 2
+
+
+class HiggsAudioV2(ModelFamily):
+    def __init__(self, cfg: HiggsConfig, runner: HiggsRunner, codec: HiggsCodec, prompts: PromptBuilder,
+                 device: torch.device):
+        self.cfg = cfg
+        self.runner = runner
+        self.row_codec = codec
+        self.codec = CodecStage(codec, device)
+        self.prompts = prompts
+        self.num_streams = cfg.num_codebooks
+        self.sample_rate = codec.sample_rate
+        self.frame_rate = codec.sample_rate / codec.hop_length
+        self.kv_budget: dict | None = None
+        self.load_phases: dict[str, float] = {}
+
+    @classmethod
+    def load(cls, spec: LoadSpec) -> "HiggsAudioV2":
+        laps = _Laps(spec.device)  # where start-up goes (run.json: timings.load_phases)
+        lm_dir = resolve_folder(spec.checkpoint, "checkpoint")
+        codec_dir = resolve_folder(spec.codec, "codec")
+        cfg = HiggsConfig.from_file(lm_dir / "config.json")
+        with torch.device(spec.device), _default_dtype(spec.dtype):
+            # built where and as it will run: a 5.4 B-parameter model initialised in float32 on
+            # the host would dominate start-up
+            model = HiggsAudioV2LM(cfg, spec.max_seq_len)
+        laps("model_s")  # the first CUDA work: includes creating the context
+        stream_into(model, lm_dir, ignore=IGNORED_KEYS)  # into the tensors just made, on the device
+        laps("weights_s")
+        model = model.to_runtime(spec.device, spec.dtype)
+        laps("fuse_s")
+        codec = HiggsCodec(cfg, HiggsCodecDecoder.load(codec_dir, spec.dtype, spec.device))
+        laps("codec_s")
+        graphed_codec = spec.device.type == "cuda" and not spec.deterministic
+        kv_shape = KVShape(cfg.num_hidden_layers, cfg.num_key_value_heads, cfg.head_dim)
+        engine, slots, budget = build_engine(spec, kv_shape, model,
+                                             CodecStage.call_bytes(codec, spec.dtype, graphed_codec))
+        laps("kv_budget_s")
+        runner = HiggsRunner(engine, cfg, slots, spec.max_seq_len, spec.device, spec.raw_logprobs)
+        laps("cache_s")
+        prompts = PromptBuilder(lm_dir, cfg.audio_bos_token_id)
+        laps("tokenizer_s")
+        family = cls(cfg, runner, codec, prompts, spec.device)
+        family.kv_budget = budget
+        family.load_phases = laps.done
+        return family
+
+    def render_prompt(self, text: str, system: str, scene: str | None) -> str:
+        try:
+            return self.prompts.render(text, system, scene)
+        except ValueError as e:
+            raise PromptFieldError(*e.args) from None
+
+    def encode_prompts(self, rendered: list[str]) -> list[PromptInput]:
+        return [PromptInput(ids) for ids in self.prompts.encode_all(rendered)]
+
+    def real_code_mask(self, tokens: np.ndarray) -> np.ndarray:
+        """True where a sampled entry is an audio code, not stream BOS/EOS."""
+        return (tokens != self.cfg.audio_stream_bos_id) & (tokens != self.cfg.audio_stream_eos_id)
+
+
+class _Laps:
+    """Seconds between calls, by name; each waits for the device first, so a phase's queued
+    kernels count in that phase."""
+
+    def __init__(self, device: torch.device):
+        self.device = device
+        self.done: dict[str, float] = {}
+        self._t = time.perf_counter()
+
+    def __call__(self, name: str) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        now = time.perf_counter()
+        self.done[name] = round(now - self._t, 3)
+        self._t = now
+
+
+@contextlib.contextmanager
+def _default_dtype(dtype: torch.dtype):
+    before = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        yield
+    finally:
+        torch.set_default_dtype(before)

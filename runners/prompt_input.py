@@ -1,0 +1,56 @@
+"""A prompt as the engine runs it: token ids, plus audio codes that stand at some of them.
+
+A reference voice (voice cloning) enters a prompt as placeholder tokens whose
+embeddings come from audio codes, so two prompts with the same ids can hold
+different audio. Everything that compares prompts (the engine's shared-prefix
+KV, the prefill graphs) compares ``content``: the ids, with each audio
+position's token replaced by a key of that frame's codes, so rows with
+different audio never share KV.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class AudioSpan:
+    """Audio codes fed at positions start .. start + len(codes) - 1 of a prompt."""
+
+    start: int
+    codes: np.ndarray  # [frames, streams] int64, the model's input codes at those positions
+
+    def frame_keys(self) -> list[int]:
+        """One negative int a frame (never a token id), equal for equal codes: a 63-bit BLAKE2b
+        of the frame's codes."""
+        codes = np.ascontiguousarray(self.codes, dtype=np.int64)
+        return [-1 - (int.from_bytes(hashlib.blake2b(row.tobytes(), digest_size=8).digest(), "little") >> 1)
+                for row in codes]
+
+
+@dataclass(frozen=True)
+class PromptInput:
+    ids: list[int]  # every position's token id, audio placeholders included
+    audio: tuple[AudioSpan, ...] = ()
+    # the ids with each audio position replaced by its frame key (computed once)
+    content: list[int] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        content = list(self.ids)
+        for span in self.audio:
+            if span.start < 0 or span.start + len(span.codes) > len(content):
+                raise ValueError(f"audio span at {span.start} of {len(span.codes)} frames outside a "
+                                 f"{len(content)}-token prompt")
+            content[span.start: span.start + len(span.codes)] = span.frame_keys()
+        object.__setattr__(self, "content", content)
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    @classmethod
+    def of(cls, prompt: "PromptInput | list[int]") -> "PromptInput":
+        """A PromptInput as is, or a text-only one from token ids."""
+        return prompt if isinstance(prompt, PromptInput) else cls(list(prompt))

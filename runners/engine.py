@@ -1,7 +1,6 @@
 """The engine (the seed's ``tp_worker`` role): model weights, KV cache, forward.
 
-Its interface is deliberately narrow, so another backend (an sglang-backed
-engine, say) can stand in for it:
+Its interface is deliberately narrow, so another backend can stand in for it:
   build_forward_batch(scheduler_output) -> ForwardBatch | None
   forward(forward_batch, post=None, post_key=None) -> logits of each row's
       last position [B, ...], or for a decode step post(batch, logits)'s
@@ -10,6 +9,15 @@ engine, say) can stand in for it:
 The runner decides what goes in ``forward_batch.model_inputs`` (through its
 hooks) and what ``post`` does (sampling); the engine decides how attention,
 the KV cache and graph capture work.
+
+What the engine needs of a model (a family's nn.Module), and nothing more:
+  model(attn: AttentionContext, **model_inputs) -> hidden [B, T, H]
+      prefill: model_inputs holds input_ids [B, T]; decode: whatever the
+      runner's before_decode put there (Higgs: audio_codes [B, 1, C])
+  model.compute_logits(hidden [B, H]) -> logits [B, ...]
+  model.prefill_graph_inputs(prompts content) -> dict | None: the extra
+      keyword arguments a CUDA-graphed prefill of these prompts passes, the
+      same for every prompt it accepts; None keeps that prefill eager
 
 Deterministic mode makes each row's arithmetic independent of its batch-mates
 and of the batch size, so outputs are byte-identical however rows are

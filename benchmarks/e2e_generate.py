@@ -117,29 +117,6 @@ def write_inputs(root: Path, rows: int, frames: int, vary: int = 0, prompt_token
     return cfg, prompts
 
 
-def add_one_wave_args(ap: argparse.ArgumentParser) -> None:
-    """The options of a benchmark that runs `omni generate` in its own process on this script's
-    checkpoint (one_wave_options)."""
-    ap.add_argument("--rows", type=int, default=256)
-    ap.add_argument("--batch", type=int, default=256)
-    ap.add_argument("--frames", type=int, default=200)
-    ap.add_argument("--root", type=Path, required=True, help="the checkpoint's folder (written if not there)")
-
-
-def one_wave_options(root: Path, name: str, rows: int, batch: int, frames: int, prompt_tokens: int = 0):
-    """omni generate's options for an in-process run into root/out-<name> (emptied first): rows of
-    exactly `frames` frames at --max-batch-size `batch`, async decode, seed 1, on the checkpoint
-    in root (written there if missing)."""
-    from omni_cli.generate import GenerateOptions
-
-    ensure_checkpoint(root)
-    cfg, prompts = write_inputs(root, rows, frames, prompt_tokens=prompt_tokens)
-    out = root / f"out-{name}"
-    shutil.rmtree(out, ignore_errors=True)
-    return GenerateOptions(prompts=str(prompts), out=out, model=str(cfg), seed=1, max_batch_size=batch,
-                           max_new_frames=frames, min_new_frames=frames, async_decode=True, quiet=True)
-
-
 def run(root: Path, rows: int, batch: int, frames: int, async_decode: bool, vary: int = 0,
         prompt_tokens: int = 0) -> dict:
     cfg, prompts = write_inputs(root, rows, frames, vary, prompt_tokens)
@@ -183,7 +160,7 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=Path("e2e_generate.json"))
     ap.add_argument("--root", type=Path, default=None,
                     help="keep the checkpoint (and outputs) in this folder, and reuse a checkpoint already there: "
-                         "A/B runs of code changes then skip the ~17 s write")
+                         "later runs then skip writing it")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         root = args.root or Path(tmp)

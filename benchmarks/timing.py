@@ -1,29 +1,14 @@
-"""Shared by the benchmark scripts: timing for the kernel probes (calls replayed from one CUDA
-graph, so launch cost is not measured: in the model every kernel runs inside the step's graph),
-the median of synchronized eager calls (the codec, launched eagerly in omni generate), the
-profiler's trace events (the timeline scripts), and the JSON every script writes."""
+"""Shared by the benchmark scripts: calls replayed from one CUDA graph (as omni generate replays
+the codec's calls), the median of synchronized eager calls, and the JSON every script writes."""
 
 from __future__ import annotations
 
 import json
 import platform
 import statistics
-import tempfile
 from pathlib import Path
 
 import torch
-
-
-# the chrome trace's categories of work on the device
-DEVICE_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
-
-
-def trace_events(prof) -> list[dict]:
-    """Every event of a finished torch.profiler run, from its chrome trace."""
-    with tempfile.TemporaryDirectory() as tmp:
-        path = Path(tmp) / "trace.json"
-        prof.export_chrome_trace(str(path))
-        return json.loads(path.read_text())["traceEvents"]
 
 
 def write_results(path: Path, **payload) -> None:

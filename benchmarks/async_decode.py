@@ -36,8 +36,8 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=Path("async_decode.json"))
     args = ap.parse_args()
     device = torch.device("cuda")
-    _, model, codec = random_model("higgs-audio-v2-3b", torch.bfloat16, device, args.max_seq_len)
-    run = lambda b, mode: run_requests(model, codec, b, b, args.frames, args.prompt_len,  # noqa: E731
+    _, model = random_model("higgs-audio-v2-3b", torch.bfloat16, device, args.max_seq_len)
+    run = lambda b, mode: run_requests(model, b, b, args.frames, args.prompt_len,  # noqa: E731
                                        args.max_seq_len, mode, device)
     run(2, True)  # warm-up
     rows = []

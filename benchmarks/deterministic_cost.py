@@ -21,7 +21,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from omni_cli.bench import random_model, run_requests  # noqa: E402
-from omni_cli.runners.higgs_audio_v2 import DETERMINISTIC_SHAPES  # noqa: E402
+from omni_cli.runners.engine import DETERMINISTIC_SHAPES  # noqa: E402
 from benchmarks.timing import write_results  # noqa: E402
 
 
@@ -34,11 +34,11 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=Path("deterministic_cost.json"))
     args = ap.parse_args()
     device = torch.device("cuda")
-    _, model, codec = random_model("higgs-audio-v2-3b", torch.bfloat16, device, max(args.max_seq_len))
+    _, model = random_model("higgs-audio-v2-3b", torch.bfloat16, device, max(args.max_seq_len))
     det = DETERMINISTIC_SHAPES["cuda"]
     rows = []
     for L in args.max_seq_len:
-        run = lambda batch, shapes: run_requests(model, codec, args.batch, batch, args.frames,  # noqa: E731
+        run = lambda batch, shapes: run_requests(model, args.batch, batch, args.frames,  # noqa: E731
                                                  args.prompt_len, L, False, device, shapes)
         run(args.batch, None), run(args.batch, det)  # warm-up: graph captures, kernel selection
         base, fixed, other = run(args.batch, None), run(args.batch, det), run(max(args.batch // 4, 1), det)

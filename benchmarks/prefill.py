@@ -62,7 +62,7 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=Path("prefill.json"))
     args = ap.parse_args()
     dev = torch.device("cuda")
-    ref, model, _ = random_model("higgs-audio-v2-3b", torch.bfloat16, dev, 512)
+    ref, model = random_model("higgs-audio-v2-3b", torch.bfloat16, dev, 512)
     cfg = model.cfg
     kv = KVCache(cfg.num_hidden_layers, max(args.batch) + 1, cfg.num_key_value_heads, 512, cfg.head_dim,
                  torch.bfloat16, dev)

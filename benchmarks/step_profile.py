@@ -59,13 +59,13 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=Path("step_profile.json"))
     args = ap.parse_args()
     device = torch.device("cuda")
-    ref, model, codec = random_model("higgs-audio-v2-3b", torch.bfloat16, device, args.max_seq_len)
+    ref, model = random_model("higgs-audio-v2-3b", torch.bfloat16, device, args.max_seq_len)
     del ref
     cfg = model.cfg
     c, v = cfg.num_codebooks, cfg.codebook_size
     rows = []
     for b in args.batch:
-        step = run_requests(model, codec, b, b, 64, 64, args.max_seq_len, True, device).ms_per_step
+        step = run_requests(model, b, b, 64, 64, args.max_seq_len, True, device).ms_per_step
         kv = KVCache(cfg.num_hidden_layers, b + 1, cfg.num_key_value_heads, args.max_seq_len, cfg.head_dim,
                      torch.bfloat16, device)
         engine = Engine(model, kv, device)

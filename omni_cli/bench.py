@@ -31,7 +31,7 @@ from omni_cli.runners.higgs_audio_v2.model import HiggsAudioV2LM
 from omni_cli.runners.higgs_audio_v2.runner import HiggsRunner
 from omni_cli.runners.higgs_audio_v2.shapes import param_counts, shape_config, transformers_config
 
-# ceilings measured on the lent H200 (shared/design/facts.md): device copy, bf16 matmul
+# H200 ceilings: device-copy bytes/s, bf16 matmul FLOP/s (shared/design/facts.md)
 H200_BYTES_PER_S, H200_FLOPS = 4.27e12, 801e12
 AUDIO_S_PER_FRAME = 960 / 24000
 

@@ -84,11 +84,10 @@ class OutputWriter:
         # 16-bit PCM: float WAV would carry libsndfile's PEAK chunk, whose
         # timestamp makes files of the same audio differ byte for byte.
         # Encoded in memory, then written at once: to a path, libsndfile seeks
-        # ~50 times a file and fsyncs it on close (1.19 against 0.59 ms a wav on
-        # one thread on the H200 machine's disk, benchmarks/write_probe.py; a
-        # cluster's network file system makes each fsync dearer). No file of the
-        # run is fsynced, the npz and manifest included: what was written
-        # survives a crash of the process, not necessarily one of the machine.
+        # many times a file and fsyncs it on close, dearer still on a network
+        # file system (BENCHMARKS.md, writers). No file of the run is fsynced,
+        # the npz and manifest included: what was written survives a crash of
+        # the process, not necessarily one of the machine.
         if self.fmt == "wav":
             audio = wav_pcm16(samples, self.sample_rate)
         else:
@@ -144,9 +143,9 @@ def wav_pcm16(samples: np.ndarray, sample_rate: int) -> tuple[bytes, memoryview]
     """A mono 16-bit PCM WAV file in two pieces: the 44-byte header libsndfile writes for one
     (the tests hold the file to libsndfile's byte for byte), then the samples' own memory.
     Written here, not through soundfile's in-memory file, whose libsndfile calls back into
-    Python for each of its ~27 writes and seeks while holding the GIL the other writer threads
+    Python for each of its writes and seeks while holding the GIL the other writer threads
     wait on; and not joined into one bytes object: that made two copies of every row's samples
-    (~370 KB each at 7.7 s) on the writer threads."""
+    on the writer threads."""
     data = memoryview(np.ascontiguousarray(samples, dtype="<i2")).cast("B")
     fmt = struct.pack("<4sIHHIIHH", b"fmt ", 16, 1, 1, sample_rate, 2 * sample_rate, 2, 16)  # PCM, 1 channel
     header = b"".join((b"RIFF", struct.pack("<I", 4 + len(fmt) + 8 + len(data)), b"WAVE", fmt,
@@ -158,9 +157,9 @@ def npz_stored(arrays: dict[str, np.ndarray]) -> list:
     """An .npz file (what np.load reads: a zip of NAME.npy members, stored, not compressed) as
     bytes-like pieces in order, the arrays' own memory among them.
 
-    np.savez makes the same members through zipfile: ~225 µs of Python a row, against ~40 here
-    (2-core development machine), all of it holding the GIL that the codec thread and the
-    other writers wait on at the end of a run. Deterministic: every member dated 1980-01-01, as
+    np.savez makes the same members through zipfile, several times slower, all of it Python
+    holding the GIL that the codec thread and the other writers wait on at the end of a run
+    (BENCHMARKS.md, npz without zipfile). Deterministic: every member dated 1980-01-01, as
     np.savez's are. A request's arrays (frames x codebooks) stay far below zip's 32-bit sizes
     and offsets."""
     pieces, central, offset = [], [], 0

@@ -6,9 +6,8 @@ different lengths share the batch over time and new ones join mid-flight.
 Admission waits until an eighth of the slots are free (or the rest of the
 queue fits, or nothing else can run): a prefill stops every running request
 for its length, and a small one is host-bound, so one prompt costs nearly
-as much as eight (on the H200 machine at the 3B shape: 13 ms against 19 ms
-fused; with a prefill per freed slot, 256 rows through 64 slots once spent
-10.7 of 15.1 s in one-prompt refills).
+as much as eight, and a prefill per freed slot spends most of a run in
+one-prompt refills (BENCHMARKS.md, prefill).
 
 KV memory is a fixed pool of ``max_batch_size`` slots of ``max_seq_len``
 tokens each (the runner allocates it once). A request holds one slot from its
@@ -41,9 +40,9 @@ class FrameBuffer:
 
     Why not a list of per-frame arrays: each request's list then had to be stacked
     once it finished, and at a one-wave run's end the codec thread stacked all of
-    them before its first call, holding the GIL (13 ms of a 256-row run's tail on
-    the H200 machine, benchmarks/tail_host.py); here a frame is written where it
-    stays, on the loop thread between steps, and `array` is a view."""
+    them before its first call, holding the GIL (BENCHMARKS.md, the tail's host side);
+    here a frame is written where it stays, on the loop thread between steps, and
+    `array` is a view."""
 
     FIRST_CAPACITY = 64  # frames; then doubled as needed
 

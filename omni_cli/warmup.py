@@ -2,10 +2,8 @@
 
 On CUDA the first prefill of a process, the first decode step at each row
 bucket (each captures a CUDA graph) and the codec's first call at each shape
-cost far more than later ones. Measured on the H200 machine at the 3B shape:
-the first prefill of 64 prompts 0.66 s against 0.09 s the second time (lazy
-kernel loading, cuBLAS set-up), the codec's first call 1.5 s and each new
-shape 60-350 ms (cuDNN plans). Paid inside the loop, they stall every running
+cost far more than later ones: lazy kernel loading, cuBLAS set-up, cuDNN
+plans (BENCHMARKS.md, warm-up). Paid inside the loop, they stall every running
 row; paid here they are startup time (run.json's ``warmup_s``).
 
 The warm-up runs throwaway requests through the real scheduler, runner and

@@ -71,10 +71,10 @@ class AttentionContext:
     # reads the slot cache in place up to each row's length (runners/decode_attention.py)
     lengths_gpu: torch.Tensor | None = None
     # Deterministic mode: prefill pins SDPA's memory-efficient kernel at fixed
-    # shapes; decode uses _blockwise. Measured on an H200 (torch 2.11): the
-    # backend SDPA picks by default there (cuDNN) gives different bits when
-    # rows are permuted and from one run to the next, and spends ~2 ms of host
-    # time per call when kv_len changes every step; so it is never used.
+    # shapes; decode uses _blockwise. SDPA's default CUDA backend (cuDNN, with
+    # torch 2.11) gives different bits when rows are permuted and from one run
+    # to the next, and spends host time per call when kv_len changes every
+    # step (BENCHMARKS.md, --deterministic); so it is never used.
     deterministic: bool = False
     # builds mask_gpu on first use (the default path's engine): the fused CUDA
     # prefill attends causally without one, so it never pays for building it
@@ -130,7 +130,7 @@ class AttentionContext:
         values = self.kv.v_gpu[layer][self.slots_gpu, :, :t]
         causal = {"is_causal": True} if not self.prefix_len else {"attn_mask": causal_lower_right(q.shape[2], t)}
         # query head h reads KV head h // rep (repeat_kv's order) inside the kernel: no repeated
-        # copy of the keys and values (7.5 of a 256 x 64-token prefill's 173 ms, H200)
+        # copy of the keys and values (BENCHMARKS.md, prefill)
         with sdpa_kernel(_BACKENDS):
             return F.scaled_dot_product_attention(q, keys, values, enable_gqa=True, **causal)
 

@@ -3,8 +3,8 @@
 The codec's float audio becomes int16 before it is copied to the host: the
 copy is half the bytes, and the writer threads, whose work holds the GIL that
 the codec thread needs to launch its calls, no longer convert ~184k samples a
-row (7.68 s at 24 kHz: 0.28 of the 0.48 ms a row's encoding took on the CI
-machine, measured with OutputWriter.encode_ok before this moved here).
+row (7.68 s at 24 kHz), which was most of a row's encoding (BENCHMARKS.md,
+int16 samples from the device).
 """
 
 from __future__ import annotations

@@ -2,9 +2,8 @@
 
 transformers renders chat templates with Jinja and encodes with the
 `tokenizers` library; importing it for that (AutoTokenizer pulls in its auto
-classes) took 8.9-11.7 s of a run's start-up on the H200 machine, whose
-imports are slow, and ~1.7 s on the CI machine. This reads the same files
-and renders the same way, which tests check against transformers'
+classes) costs seconds of a run's start-up (BENCHMARKS.md, start-up). This
+reads the same files and renders the same way, which tests check against transformers'
 apply_chat_template:
   tokenizer.json         the tokenizers library's own format
   tokenizer_config.json  the named special tokens (bos_token, ...), which

@@ -2,11 +2,9 @@
 
 A masked call of the released codec launches ~170 kernels. Inside omni
 generate the codec thread launches them while the writer threads hold the GIL
-for long stretches: at the drain of a batch-256 run the GPU sat idle for 288 ms
-of the 561 ms its eight calls took, waiting for launches, against 20 ms of
-gaps for the same calls alone in the same process
-(benchmarks/drain_timeline.py; the kernels themselves took 273 ms both ways).
-A graph replays a call with one launch.
+for long stretches, so at a run's drain the GPU sat idle for much of the
+calls' time, waiting for launches, not for its kernels (BENCHMARKS.md, the
+codec's calls as CUDA graphs). A graph replays a call with one launch.
 
 A shape's first call runs eagerly (holding CAPTURE_LOCK): it makes cuDNN's plans and compiles
 Triton's specializations, neither of which may happen inside a capture. Its

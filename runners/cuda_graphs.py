@@ -1,8 +1,8 @@
 """CUDA graphs of the decode step: one per row bucket (per key-length bucket without Triton),
 and of small prefills: one per (rows, tokens) bucket.
 
-An eager decode step of the 3B model launches ~900 kernels and is host-bound
-(~25 ms of launches for ~8 ms of GPU work, measured on an H200). A graph
+An eager decode step of the 3B model launches ~900 kernels and is host-bound:
+its launches take longer than its GPU work (BENCHMARKS.md, omni bench). A graph
 replays the whole step with one launch: the forward and, given a ``post``
 (the runner's logit processing, draw and publish), everything after it up to
 the payload the host reads. Shapes must be static, so a step is padded to the
@@ -132,10 +132,9 @@ class DecodeGraphs:
 
 
 # A prefill replays a graph up to this many (padded) rows x tokens. Below it the
-# eager fused prefill is host-bound: 13.2-26.5 ms for one 64-token prompt and
-# 16.5-18.6 ms for eight, ~13 ms of them launches, against 3.0 and 6.0 ms replayed
-# (benchmarks/prefill.py, H200); at 4,096 tokens (42.8 ms eager) the GPU work
-# dominates. Graphs share the decode graphs' memory pool.
+# eager fused prefill is host-bound, mostly launches, and a replay is several times
+# faster; at 4,096 tokens the GPU work dominates (BENCHMARKS.md, prefill).
+# Graphs share the decode graphs' memory pool.
 PREFILL_GRAPH_TOKENS = 1024
 _MIN_PREFILL_TOKENS = 16  # the smallest token bucket
 

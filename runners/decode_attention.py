@@ -20,13 +20,12 @@ its own kernel, because there the eight programs, one per KV head, are each
 a chain of dependent block loads as long as the row:
 - its keys are split over up to ONE_ROW_SPLITS programs per KV head, and the
   last of them to finish merges their softmaxes in split order (an atomic
-  count per head); at 264 keys the graphed 3B forward took 1.973 ms split,
-  2.043 whole. Rows under SPLIT_FROM_BLOCKS blocks stay whole: at two blocks
-  the merge cost more than it saved (benchmarks/gemv_step.py, H200);
+  count per head). Rows under SPLIT_FROM_BLOCKS blocks stay whole: there
+  the merge costs more than it saves (BENCHMARKS.md, decode attention);
 - launched early (runners/device.py: pdl_launch), a program reads its first
   block of keys and values of earlier steps before it waits for the kernel
-  that writes this step's: 2.146 against 2.190 ms a step, with that read
-  after the wait.
+  that writes this step's, which shortens the step (BENCHMARKS.md, decode
+  attention).
 So a one-row result differs from the same row's in a wider batch by float32
 rounding; so did its projections already (runners/fused_gemv.py).
 
@@ -49,13 +48,10 @@ def _tile(programs: int, device: torch.device) -> tuple[int, int]:
     """(keys a loop step, warps) of a multi-row call of `programs` programs (rows x KV heads).
 
     64 keys and 4 warps, except where the call has more programs than the GPU has SMs and at
-    most four an SM: there 32 keys and 2 warps were the fastest (the H200's 32- and 64-row
-    buckets: 256 and 512 programs on 132 SMs). A layer's call over 28 separate caches (L2-cold,
-    as in a step; benchmarks/attention_probe.py, H200), µs at 100 / 164 / 264 keys a row:
-    64 rows 10.9 / 15.0 / 21.0 against 11.7 / 15.6 / 21.7 at 32 keys and 4 warps and 11.1 /
-    17.1 / 25.4 at 64 keys (whose 3-stage pipeline keeps 96 KB of tiles: two programs an SM, so
-    512 need two waves); 32 rows 6.9 / 9.3 / 12.4 against 7.2 / 9.7 / 13.1 at 64 keys. At 128
-    and 256 rows 64 keys and 4 warps were the fastest or level. The block is part of a row's
+    most four an SM: there 32 keys and 2 warps are the fastest (the H200's 32- and 64-row
+    buckets: 256 and 512 programs on 132 SMs; 64 keys' 3-stage pipeline keeps 96 KB of tiles,
+    two programs an SM), timed L2-cold as in a step (BENCHMARKS.md, decode attention). At 128
+    and 256 rows 64 keys and 4 warps are the fastest or level. The block is part of a row's
     arithmetic (where the online softmax rescales; the warps at most the last bit), so the
     choice depends only on the step's row bucket and the device: deterministic mode, whose
     steps are always 64 rows, always takes the same."""
@@ -98,8 +94,7 @@ def _decode_attention_kernel(
     REP: tl.constexpr, REP_PAD: tl.constexpr, D: tl.constexpr, BLOCK: tl.constexpr, USE_DOT: tl.constexpr,
 ):
     # rows > 1 (one row: _one_row_kernel below). Keys are loaded before, values after the scores:
-    # a version that loaded both first, its first block outside the loop, gave a 4.83 ms graphed
-    # batch-256 forward against 4.48 with this loop (benchmarks/gemv_step.py, H200)
+    # loading both first, the first block outside the loop, was slower (BENCHMARKS.md, decode attention)
     row = tl.program_id(0)
     kvh = tl.program_id(1)
     slot = tl.load(slots_ptr + row).to(tl.int64)  # int64: slot * stride_cs can pass 2^31

@@ -45,10 +45,8 @@ RUNTIME_SLACK_BYTES = 1 << 30
 
 
 # The engine's GEMMs go through cuBLASLt, not the cuBLAS PyTorch picks by default: at 64 rows
-# cuBLAS split the down projection into a GEMM and a reduction kernel; through cuBLASLt the
-# decode step took 2.432 against 2.527 ms (4.079 against 4.084 at 256 rows; batch 1 runs no
-# cuBLAS GEMM) and omni generate at batch 64 gave 783-794 against 745-767 audio-s/s
-# (benchmarks/gemv_step.py, e2e_generate.py, H200, BENCHMARKS.md)
+# cuBLAS split the down projection into a GEMM and a reduction kernel; cuBLASLt makes the
+# decode step and omni generate faster (BENCHMARKS.md, cuBLASLt for the engine's GEMMs)
 ENGINE_BLAS = "cublaslt"
 
 
@@ -165,11 +163,11 @@ def priority_stream(device: torch.device):
         outer.wait_stream(stream)
 
 
-# Programmatic dependent launch (benchmarks/gemv_probe.py and gemv_step.py turn it off to measure it)
+# Programmatic dependent launch (a benchmark turns it off to measure it)
 PDL = True
-# Only the one-row step launches early: there it saved 0.07 ms of 2.22 a step, while at 64 and
-# 256 rows, where the norm, rope and attention kernels sit between cuBLAS GEMMs, it cost 0.8%
-# and 3.6% of a step (benchmarks/gemv_step.py on an H200, BENCHMARKS.md)
+# Only the one-row step launches early: there it saves time, while at 64 and 256 rows, where
+# the norm, rope and attention kernels sit between cuBLAS GEMMs, it costs a share of the step
+# (BENCHMARKS.md, few-row projections)
 PDL_MAX_ROWS = 1
 
 

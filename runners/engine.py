@@ -60,8 +60,8 @@ __all__ = ["DETERMINISTIC_SHAPES", "Engine", "FixedShapes", "ForwardBatch", "sha
 
 # A prefill shares its prompts' common prefix when that skips at least this many
 # token-forwards: (rows - 1) x prefix tokens. The prefix's own one-row forward
-# reads every weight once (a graph replay of ~3 ms on the 3B model, H200),
-# about what ~300 tokens of a wide prefill cost there (42.8 ms for 4,096).
+# reads every weight once, about what a few hundred tokens of a wide prefill
+# cost (BENCHMARKS.md, shared prefix).
 PREFIX_MIN_SAVED_TOKENS = 512
 
 

@@ -2,16 +2,16 @@
 
 A unit is x + conv1x1(snake2(conv7_dilated(s))), s = snake1(x), on [B, C, L]
 signals. At the decoder's high-rate end (32-128 channels at 4-24 kHz) cuDNN
-reads those few channels at 1-2 TB/s and each step is a pass over the whole
-signal: the two convolutions, the second Snake and the add took 17.1 ms of a
-32-row call's 38.9 (bf16, H200: BENCHMARKS.md, "Codec decode"). Here one
+reads those few channels well below bandwidth and each step is a pass over the
+whole signal: the two convolutions, the second Snake and the add took a large
+share of a call (BENCHMARKS.md, "Codec decode"). Here one
 program takes BLOCK_L positions of one row, every channel: the seven dilated
 taps as tensor-core dots, the bias, the Snake, the 1x1 dot and the residual
 add, the intermediate signal never leaving the program. The convolutions
 around it stay cuDNN's, on [B, C, L] (in channels last cuDNN's choices were
-10-25x slower at some shapes, depending on what ran before). The whole masked
-call at 64 rows x 10 s then took 70.6 ms (9,065 audio-s/s, 2.3x transformers'
-decode in the same run).
+far slower at some shapes, depending on what ran before: BENCHMARKS.md,
+channels last). The whole masked call then ran well ahead of transformers'
+decode (BENCHMARKS.md, the residual-unit kernel).
 Rounding follows the modules' forward in 16-bit: each convolution's sum rounded,
 then its bias added and rounded (as ATen adds a cuDNN convolution's bias), the
 Snake's steps (fused_ops.snake_value), the residual add; sums in float32.
@@ -30,7 +30,7 @@ from .fused_ops import snake_value
 # [BLOCK_L, C] tiles would not fit), and so do narrower ones, which only test decoders have.
 MIN_CHANNELS, MAX_CHANNELS = 32, 128
 # (positions a program, warps) per width: the fastest of those timed at a drain call's shapes
-# (32 rows x 192 frames, bf16, H200: benchmarks/codec_tiles.py, BENCHMARKS.md); a tile does
+# (32 rows x 192 frames, bf16: BENCHMARKS.md, the residual-unit kernel); a tile does
 # not change a value (the same dots per position)
 UNIT_TILES = {128: (64, 4), 64: (128, 8), 32: (128, 8)}
 HEAD_TILE = (128, 4)  # the last convolution's kernel: (positions a program, warps), the fastest timed
@@ -82,9 +82,9 @@ def _head_kernel(s_ptr, w_ptr, b_ptr, out_ptr, L, C: tl.constexpr, BLOCK: tl.con
 
 
 class FusedHead:
-    """The decoder's last convolution (C channels -> 1, kernel 7) for _head_kernel: 0.92 ms
-    against cuDNN's 1.38 at a drain call's 32 rows (bf16, H200: benchmarks/codec_tiles.py).
-    Both are far from the one read of the signal it needs (0.1 ms): the taps' shifted loads
+    """The decoder's last convolution (C channels -> 1, kernel 7) for _head_kernel: faster
+    than cuDNN's at a drain call's 32 rows (BENCHMARKS.md, codec decode).
+    Both are far from the one read of the signal it needs: the taps' shifted loads
     are not aligned, so they are not vectorized."""
 
     def __init__(self, conv):

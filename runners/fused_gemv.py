@@ -1,9 +1,9 @@
 """Batch-1 decode projections as one Triton GEMV each, with their neighbours fused in (CUDA only).
 
-At one row a decode step of the 3B model is weight reads: 5.4 GB a step,
-1.27 ms at the H200's copy bandwidth, but cuBLAS took 1.71 ms for its GEMMs
-and the step ran ~325 kernels (split-K reduces, norms, silu·up), each with a
-ramp-up and a tail in which the memory system idles (BENCHMARKS.md). This
+At one row a decode step of the 3B model is weight reads (5.4 GB a step),
+but cuBLAS's GEMMs fall short of the copy bandwidth and the step ran hundreds
+of kernels (split-K reduces, norms, silu·up), each with a ramp-up and a tail
+in which the memory system idles (BENCHMARKS.md, few-row projections). This
 kernel streams a weight matrix once for one row and absorbs the elementwise
 work around it, so a decoder layer is five kernels:
 
@@ -18,9 +18,9 @@ the current one's products. The kernels launch early where the GPU can
 (runners/device.py: pdl_launch) and load their first tile before they wait
 for their predecessor, so one matrix's reads start in the tail of the kernel
 before. The two-tile kernels read 1024 of the 3072 columns there, twice
-their loop's tile: 2.06 against 2.14 ms a step; the one-matrix kernels gain
-nothing from it, and 4096 columns (fewer programs resident) lose 0.17 ms
-(benchmarks/gemv_step.py, BENCHMARKS.md).
+their loop's tile, which shortens the step; the one-matrix kernels gain
+nothing from it, and 4096 columns (fewer programs resident) lose time
+(BENCHMARKS.md, few-row projections).
 
 Rounding follows the PyTorch ops it replaces (runners/fused_ops.py): each
 bf16 result is rounded once, the norm and the dot products accumulate in
@@ -36,9 +36,9 @@ import triton.language as tl
 from .device import pdl_launch
 from .fused_ops import _rope_store
 
-MAX_ROWS = 1  # the widest decode step that takes these kernels (cuBLAS above; benchmarks/gemv_step.py)
+MAX_ROWS = 1  # the widest decode step on these kernels (cuBLAS above: BENCHMARKS.md, few-row projections)
 # per program: rows of the weight, columns a loop step, warps, columns read ahead of the wait
-# (benchmarks/gemv_probe.py, gemv_step.py); PAIRED_TILE for the kernels that read two tiles a
+# (BENCHMARKS.md, few-row projections); PAIRED_TILE for the kernels that read two tiles a
 # step (gate and up; the two halves of a head)
 TILE = (4, 1024, 4, 1024)
 PAIRED_TILE = (4, 512, 4, 1024)

@@ -1,19 +1,17 @@
 """The gate/up projection with silu·up of 2..MAX_ROWS decode rows, as one Triton tensor-core kernel (CUDA only).
 
 A decode step of a few dozen rows still reads every weight once, as one row
-does. The fused gate/up weight of the 3B model is 96 MB a layer; cuBLAS's
-GEMM over it and the silu_mul kernel after it took 29.9 µs at 64 rows and
-28.2 at 8, this kernel 27.9 and 26.3 (3.6-3.8 TB/s; benchmarks/mm_probe.py,
-H200, BENCHMARKS.md): a decode step 2.616 against 2.653 ms at 64 rows, 2.284
-against 2.344 at 8 (benchmarks/gemv_step.py --mm-rows 0 64). A program owns
+does. The fused gate/up weight of the 3B model is 96 MB a layer; this kernel
+streams it faster than cuBLAS's GEMM and the silu_mul kernel after it, at 8
+rows as at 64 (BENCHMARKS.md, few-row projections). A program owns
 BLOCK_N output columns for every row: it streams the matching gate rows and
 up rows of the weight, BLOCK_K columns a step, through a software pipeline of
 num_stages tiles, while the rows' activations [M_PAD, BLOCK_K] (L2-resident:
 64 rows are 384 KB) ride along, and multiplies both on the tensor cores into
 two accumulators. For QKV, o_proj, down and the head the same kernel
-(without SILU_MUL: the probe's) was slower than cuBLAS, with or without a
-split reduction (commit 138d16a), so those stay cuBLAS; so does every
-projection above 64 rows, where these tiles run out of registers.
+(without SILU_MUL) was slower than cuBLAS, with or without a split
+reduction (BENCHMARKS.md, few-row projections), so those stay cuBLAS; so
+does every projection above 64 rows, where these tiles run out of registers.
 
 Rounding follows the PyTorch ops it replaces: each product rounded to the
 activations' dtype (F.linear's rounding), then silu_mul's. A row's float32
@@ -26,7 +24,7 @@ import torch
 import triton
 import triton.language as tl
 
-MAX_ROWS = 64  # the widest decode step that takes this kernel (cuBLAS above; benchmarks/mm_probe.py)
+MAX_ROWS = 64  # the widest decode step on this kernel (cuBLAS above: BENCHMARKS.md, few-row projections)
 # per program: output columns, reduction columns a loop step, warps, pipeline stages
 TILE = (64, 128, 4, 4)
 

@@ -84,9 +84,8 @@ def _rope_store(x1, x2, half, head, pos, slot, cos_ptr, sin_ptr, q_dst, k_cache_
     # the reference: q * cos + rotate_half(q) * sin, each product and the sum
     # rounded to the activation dtype; the float32 tables are cast first.
     # HAZARD: on the H200 the compiled kernel does not round as written: its q differs from
-    # that formula in PyTorch in 810 of 3,072 values of a row, by up to 0.016 (one row of
-    # N(0, 1) inputs, random tables; this kernel and the per-(row, head) one before it alike), as if the
-    # bf16 round trips of the tables and products were folded away and only the sum rounded.
+    # that formula in PyTorch in many values of a row, as if the bf16 round trips of the
+    # tables and products were folded away and only the sum rounded.
     # The GPU test holds it to float64 rope within three bf16 roundings instead.
     dt = x1.dtype
     c1 = tl.load(cos_ptr + pos * D + half).to(dt).to(tl.float32)
@@ -106,8 +105,8 @@ def _rope_store(x1, x2, half, head, pos, slot, cos_ptr, sin_ptr, q_dst, k_cache_
 def _rope_kv_write_kernel(qkv_ptr, cos_ptr, sin_ptr, pos_ptr, slots_ptr, q_out_ptr, k_cache_ptr, v_cache_ptr,
                           stride_cs, stride_ch, stride_ct,
                           H: tl.constexpr, KVH: tl.constexpr, D: tl.constexpr, NH: tl.constexpr, PDL: tl.constexpr):
-    # one token (row) a program, all of its heads: [NH, D/2] pairs. A program per (row, head), as
-    # before, was 10,240 programs of 64 pairs at 256 rows, 8.3 us a layer on the H200.
+    # one token (row) a program, all of its heads: [NH, D/2] pairs. A program per (row, head) was
+    # 10,240 programs of 64 pairs at 256 rows, and slower (BENCHMARKS.md, the rope a row a program).
     _wait_predecessor(PDL)
     row = tl.program_id(0).to(tl.int64)
     head = tl.arange(0, NH)[:, None]  # 0..H-1 query heads, H..H+KVH-1 key heads, then value heads, padding

@@ -8,8 +8,8 @@ not load beside a CPU torch. Decoding needs none of that: it is
                   -> the DAC acoustic decoder (hop 960: 24 kHz at 25 fps).
 The DAC decoder is written here with transformers' module names (so the
 checkpoint's acoustic_decoder.* keys load as they are), not imported: its
-modeling module pulls in transformers' whole modeling stack, ~3.6 s of a
-process's start-up on the CI machine. It is loaded with exactly those keys
+modeling module pulls in transformers' whole modeling stack, seconds of a
+process's start-up (BENCHMARKS.md, start-up). It is loaded with exactly those keys
 of the checkpoint's safetensors. The encoder, HuBERT and semantic parts are
 not loaded; voice cloning will need them.
 
@@ -122,9 +122,8 @@ class _FusedResidualUnit(_ResidualUnit):
 
 # (channels, dilation) of the residual units whose dilated convolution runs folded on CUDA in
 # 16-bit: for the released decoder's 512-channel units at dilation 9 cuDNN's heuristics take
-# its generic implicit_convolve_sgemm, 3.3-6.5 ms a call at 16-64 rows x 192-256 frames against
-# 0.33-1.3 ms folded; at dilation 3, and at 256 channels, the fold was slower at some of those
-# shapes (benchmarks/dilated_conv_probe.py, BENCHMARKS.md)
+# its generic implicit_convolve_sgemm, several times slower than the fold; at dilation 3, and
+# at 256 channels, the fold was slower at some shapes (BENCHMARKS.md, folded dilated convolutions)
 FOLDED_CONVS = {(512, 9)}
 
 
@@ -272,7 +271,7 @@ class HiggsCodecDecoder(nn.Module):
         convolution reads it, as the convolution's own zero padding would be
         there. That lets rows of different lengths share a call, and a call
         keep one shape across many lengths (cuDNN plans each new shape once,
-        at 60-350 ms)."""
+        slowly: BENCHMARKS.md, warm-up)."""
         latent = self.latent(codes)
         if isinstance(self.acoustic_decoder.snake1, _FusedSnake1d):
             return self._decode_fused(latent, lengths)[:, 0].float()
@@ -292,8 +291,8 @@ class HiggsCodecDecoder(nn.Module):
         _decode_masked with lengths, whole without. The convolutions that cuDNN runs skip
         their bias: the Snake kernel reading their output adds it, and a wide residual
         unit's add too, each rounded where the modules round, so the values are theirs.
-        ATen's separate bias adds were 21 passes over the signal a call, at ~1.3 TB/s:
-        ~3.3 ms of a 32-row drain call's ~30 (bf16, H200; benchmarks/drain_timeline.py)."""
+        ATen's separate bias adds were 21 passes over the signal a call, a real share of a
+        drain call (BENCHMARKS.md, convolution biases inside the Snakes)."""
         from ..fused_ops import snake
 
         dec = self.acoustic_decoder

@@ -5,10 +5,9 @@ kernels a step: gathers of the slots' counters, comparisons, three
 masked_fills over [B, C, V], scatters back. Inside the decode graph each
 costs a launch and a wait for the one before, while the work is a few
 hundred bytes a row. These kernels do the same arithmetic, in the same
-order, one program per (row, codebook) and one per row: a step took 2.014
-against 2.064 ms at batch 1, 2.781 against 2.846 at 64 and 4.459 against
-4.520 at 256 (benchmarks/gemv_step.py, H200, the PyTorch methods switched
-in for the second figure). The PyTorch methods stay the definition (and
+order, one program per (row, codebook) and one per row, and shorten the
+step at every batch size (BENCHMARKS.md, the delay masks and publish as one
+kernel each). The PyTorch methods stay the definition (and
 the CPU's path); tests/interpret_higgs_step.py holds these kernels to them.
 
 Hazard: padding rows share one slot, so their counter updates race; that

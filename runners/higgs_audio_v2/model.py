@@ -22,9 +22,8 @@ deterministic prefill run the plain modules.
 
 Prefill routes each token to its layer's text or audio norms and MLP by
 index lists that are read to the host once per forward (``TokenSplit``): a
-per-layer boolean index would sync with the device twice a layer (64 prompts
-of the 3B model took ~90 ms that way, the fused path 45 ms; measured on an
-H200, BENCHMARKS.md).
+per-layer boolean index would sync with the device twice a layer, which made
+a prefill much slower (BENCHMARKS.md, prefill).
 """
 
 from __future__ import annotations

@@ -46,8 +46,8 @@ class PromptBuilder:
 
     def encode_all(self, rendered: list[str]) -> list[list[int]]:
         """Token ids of rendered prompts, in one batch: the tokenizer spreads a batch over the
-        machine's cores, outside the GIL (256 prompts: 3.1 ms against 16.4 one by one on the
-        H200 machine's host)."""
+        machine's cores, outside the GIL, several times faster than one by one (BENCHMARKS.md,
+        prompts tokenized in one batch)."""
         ids = self.tokenizer.encode_batch(rendered)
         for one in ids:
             if not one or one[-1] != self.audio_bos_token_id:

@@ -2,6 +2,7 @@
 
 Exit codes: 0 every row ok; 1 some rows failed (the others were written);
 2 bad usage, config or input file (nothing generated); 130 interrupted.
+Import-light: torch and the run code load inside the commands, never for --help.
 """
 
 from __future__ import annotations
@@ -11,20 +12,76 @@ from pathlib import Path
 from typing import Optional
 
 import typer
+from typer.core import TyperCommand
 
+from omni_cli import __version__
 from omni_cli.errors import OmniError
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, help="Batch text-to-speech generation.")
+EXIT_CODES = ("Exit codes: 0 every row ok; 1 some rows failed (the others were written); "
+              "2 bad usage, config or input file; 130 interrupted.")
+
+# plain (click) help: the rich panels print <bool> beside every switch and cut long option names
+app = typer.Typer(add_completion=False, no_args_is_help=True, rich_markup_mode=None,
+                  help="Batch text-to-speech generation.", epilog=EXIT_CODES)
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        typer.echo(f"omni-cli {__version__}")
+        raise typer.Exit()
 
 
 @app.callback()
-def _root() -> None:
+def _root(
+    version: bool = typer.Option(False, "--version", callback=_print_version, is_eager=True,
+                                 help="Print the version and exit."),
+) -> None:
     """omni: turn prompt files into speech datasets."""
 
 
-@app.command()
+# generate's options besides the sampling fields whose default is the model config's
+_CONFIG_KEYS = ("max_batch_size", "deterministic", "async_decode")
+
+
+def _config_defaults() -> tuple[str, dict[str, object]]:
+    """The default config's file name, and {option name: its default there, or None if it does not load}."""
+    from omni_cli.config import DEFAULT_CONFIG, load_config
+    from omni_cli.runners.sampling.params import FIELD_NAMES
+
+    try:
+        cfg = load_config(None)
+    except OmniError:  # help must still render; it then names no values
+        return f"{DEFAULT_CONFIG}.yaml", dict.fromkeys(FIELD_NAMES + _CONFIG_KEYS)
+    values = {k: getattr(cfg.sampling, k) for k in FIELD_NAMES}
+    return cfg.path.name, values | {k: getattr(cfg, k) for k in _CONFIG_KEYS}
+
+
+def _default_text(param, value: object) -> str:
+    if value is None:
+        return "from the model config"
+    if isinstance(value, bool):  # a switch: name the flag in effect, as click does
+        value = param.opts[0] if value else param.secondary_opts[0]
+    elif isinstance(value, tuple):
+        value = ",".join(map(str, value)) or "none"
+    return f"{value}, from the model config"
+
+
+class _ConfigDefaultsCommand(TyperCommand):
+    """Shows the model config's defaults in --help, reading the YAML only when help is asked for."""
+
+    def format_help(self, ctx, formatter) -> None:
+        name, values = _config_defaults()
+        for p in self.params:
+            if p.name in values:
+                base = p.__dict__.setdefault("_base_help", p.help or "")  # idempotent if help is shown twice
+                p.help = f"{base}  [default: {_default_text(p, values[p.name])}]"
+        self.help = (self.help or "").replace("{default_config}", name)
+        super().format_help(ctx, formatter)
+
+
+@app.command(cls=_ConfigDefaultsCommand, epilog=EXIT_CODES)
 def generate(
-    prompts: str = typer.Argument(..., help="Prompt file (.jsonl, .csv or text lines), or - for stdin."),
+    prompts: str = typer.Argument(..., metavar="PROMPTS", help="Prompt file (.jsonl, .csv or text lines), or - for stdin."),
     out: Path = typer.Option(..., "-o", "--out", help="Output folder."),
     model: Optional[str] = typer.Option(None, "--model", help="Model config: a YAML path or a name in configs/ "
                                         "(default: the embedded tiny-higgs-audio-v2)."),
@@ -41,15 +98,20 @@ def generate(
     max_new_frames: Optional[int] = typer.Option(None, "--max-new-frames", help="Frames per row at most (25 per second)."),
     min_new_frames: Optional[int] = typer.Option(None, "--min-new-frames", help="No end of speech before this many frames."),
     deterministic: Optional[bool] = typer.Option(None, "--deterministic/--no-deterministic", help="Byte-identical rows "
-                                                 "whatever the batching (fixed shapes; slower). Default from the config."),
+                                                 "whatever the batching (fixed shapes; slower)."),
     raw_logprobs: bool = typer.Option(False, "--raw-logprobs", help="Also store the unprocessed model logprobs."),
     async_decode: Optional[bool] = typer.Option(None, "--async-decode/--no-async-decode", help="One-step decode "
-                                                "lookahead (same output, faster). Default from the config."),
+                                                "lookahead (same output, faster)."),
     fmt: str = typer.Option("wav", "--format", help="Audio format: wav or flac."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="Print nothing but errors."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace results already in the output folder."),
 ) -> None:
-    """Generate speech for every prompt row."""
+    """Generate speech for every prompt row.
+
+    Defaults marked "from the model config" are the model YAML's: those shown are the embedded
+    default's ({default_config}); --model changes them, a flag overrides them for the run, and a
+    prompt row's own fields override both for that row.
+    """
     from omni_cli.generate import GenerateOptions, run_generate
 
     try:

@@ -2,41 +2,41 @@
 
 `pip install -e . && omni generate samples/prompts.jsonl -o OUT` must write
 every output file, and metadata.jsonl must hold one row per prompt and load
-as a datasets audiofolder.
+as a datasets audiofolder. Then, in the same venv (torch is installed once), a
+wheel built from a clean copy of the tree replaces the editable install, and
+`omni generate` run from another folder finds its embedded default model in the
+installed package.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import venv
+import zipfile
+from pathlib import Path
 
 import numpy as np
 import soundfile as sf
 
 from tests.conftest import REPO
 
+PROMPTS = REPO / "samples" / "prompts.jsonl"
 
-def _sh(cmd: list[str], **kw) -> subprocess.CompletedProcess:
+
+def _sh(cmd: list, **kw) -> subprocess.CompletedProcess:
+    cmd = [str(c) for c in cmd]
     res = subprocess.run(cmd, capture_output=True, text=True, **kw)
     assert res.returncode == 0, f"{' '.join(cmd)} failed:\n{res.stdout[-3000:]}\n{res.stderr[-3000:]}"
     return res
 
 
-def test_readme_command_in_fresh_venv(tmp_path):
-    env_dir = tmp_path / "venv"
-    venv.EnvBuilder(with_pip=True).create(env_dir)
-    py = env_dir / "bin" / "python"
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
-    # torch first, pinned: the CPU wheel on this machine's disk (a plain `torch` pulls a CUDA build)
-    _sh([str(py), "-m", "pip", "install", "-q", "torch==2.13.0"], env=env)
-    _sh([str(py), "-m", "pip", "install", "-q", "-e", str(REPO)], env=env)
-    out = tmp_path / "out"
-    res = _sh([str(env_dir / "bin" / "omni"), "generate", "samples/prompts.jsonl", "-o", str(out)], cwd=REPO, env=env)
+def _check_outputs(out: Path, res: subprocess.CompletedProcess) -> dict:
+    """Every output file of the sample job, and the folder loads as a datasets audiofolder; returns run.json."""
     assert "rows (0 failed)" in res.stderr  # the plain summary line (stderr is not a terminal)
-
-    prompts = [json.loads(line) for line in (REPO / "samples/prompts.jsonl").read_text().splitlines() if line.strip()]
+    prompts = [json.loads(line) for line in PROMPTS.read_text().splitlines() if line.strip()]
     manifest = [json.loads(line) for line in (out / "metadata.jsonl").read_text().splitlines()]
     assert [m["id"] for m in manifest] == [p["id"] for p in prompts]
     for m in manifest:
@@ -58,3 +58,59 @@ def test_readme_command_in_fresh_venv(tmp_path):
     for row in ds:
         audio, sr = sf.read(row["audio"]["path"])
         assert sr == 24000 and row["audio"]["path"].endswith(f"{row['id']}.wav")
+    return run
+
+
+def _clean_copy(dst: Path) -> Path:
+    """What a wheel is built from, without build outputs or the dev symlink omni_cli/runners -> ../runners."""
+    def ignore(folder, names):
+        return [n for n in names if n in ("__pycache__", "build") or n.endswith(".egg-info")
+                or os.path.islink(os.path.join(folder, n))]
+
+    dst.mkdir()
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy2(REPO / name, dst / name)
+    for name in ("omni_cli", "runners", "configs"):
+        shutil.copytree(REPO / name, dst / name, ignore=ignore)
+    return dst
+
+
+def test_readme_command_in_fresh_venv(tmp_path):
+    env_dir = tmp_path / "venv"
+    venv.EnvBuilder(with_pip=True).create(env_dir)
+    py, omni = env_dir / "bin" / "python", env_dir / "bin" / "omni"
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    # torch first, pinned: the CPU wheel on this machine's disk (a plain `torch` pulls a CUDA build)
+    _sh([py, "-m", "pip", "install", "-q", "torch==2.13.0"], env=env)
+    _sh([py, "-m", "pip", "install", "-q", "-e", REPO], env=env)
+    out = tmp_path / "out"
+    res = _sh([omni, "generate", "samples/prompts.jsonl", "-o", out], cwd=REPO, env=env)
+    _check_outputs(out, res)
+
+    # non-editable: a wheel holding the package data, installed over the editable install
+    _sh([py, "-m", "pip", "wheel", "-q", "--no-deps", "-w", tmp_path / "dist", _clean_copy(tmp_path / "src")], env=env)
+    (wheel,) = (tmp_path / "dist").glob("omni_cli-*.whl")
+    names = set(zipfile.ZipFile(wheel).namelist())
+    tiny = [p.relative_to(REPO).as_posix() for p in (REPO / "configs/tiny-higgs-audio-v2").rglob("*") if p.is_file()]
+    assert {"configs/tiny-higgs-audio-v2/model/model.safetensors", "configs/tiny-higgs-audio-v2/codec/model.safetensors",
+            "configs/tiny-higgs-audio-v2/model/tokenizer.json"} <= set(tiny)
+    assert {f"omni_cli/{n}" for n in tiny + ["configs/tiny-higgs-audio-v2.yaml"]} <= names
+    assert not any(n.startswith(("runners/", "configs/")) for n in names)
+    _sh([py, "-m", "pip", "install", "-q", wheel], env=env)
+
+    elsewhere = tmp_path / "elsewhere"  # not the repo: nothing found through the working directory
+    elsewhere.mkdir()
+    probe = "import sysconfig, importlib.metadata as m, omni_cli; " \
+            "print(sysconfig.get_paths()['purelib'], omni_cli.__file__, m.version('omni-cli'), sep='\\n')"
+    site, init, version = _sh([py, "-c", probe], cwd=elsewhere, env=env).stdout.split()
+    site = Path(site).resolve()
+    assert Path(init).resolve() == site / "omni_cli" / "__init__.py"
+    assert not (site / "runners").exists() and not (site / "configs").exists()
+    assert (site / "omni_cli/runners/engine.py").is_file()
+    assert (site / "omni_cli/configs/tiny-higgs-audio-v2.yaml").is_file()
+    assert _sh([omni, "--version"], cwd=elsewhere, env=env).stdout.split() == ["omni-cli", version]
+
+    out2 = tmp_path / "out-installed"
+    res = _sh([omni, "generate", PROMPTS, "-o", out2], cwd=elsewhere, env=env)
+    run = _check_outputs(out2, res)
+    assert Path(run["config"]["path"]).resolve() == site / "omni_cli/configs/tiny-higgs-audio-v2.yaml"

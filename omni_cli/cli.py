@@ -170,7 +170,7 @@ def bench(
 ) -> None:
     """Random-weight throughput: omni sync, omni async and transformers generate, in one run."""
     from omni_cli.bench import run_bench
-    from omni_cli.generate import DTYPES, pick_device
+    from omni_cli.runners.device import DTYPES, pick_device
 
     if dtype not in DTYPES:
         typer.echo(f"omni: error: --dtype must be one of {', '.join(DTYPES)}", err=True)

@@ -1,10 +1,10 @@
-"""The one-kernel draw (runners/fused_draw.py) at decode sizes: time per call and warps per row.
+"""The one-kernel draw (runners/sampling/fused_draw.py) at decode sizes: time per call and warps per row.
 
 Rows = batch x 8 codebooks over the Higgs vocabulary (1026), random scores,
 sampling as `omni bench` runs it (temperature 1, top-k 50, top-p 0.95) and
 with top-k off (top-p over the whole vocabulary). Each kernel configuration
 is timed inside a CUDA graph (benchmarks/timing.py) and its tokens are
-checked against sampling.draw, the PyTorch path, which is timed too.
+checked against sampling.ops.draw_rows, the PyTorch path, which is timed too.
 Prints a table and writes JSON.
 
   python benchmarks/draw_probe.py --batch 1 64 256 --out draw_probe.json
@@ -58,7 +58,7 @@ def main() -> None:
 
                 def call(i, w=w, tok=tok, lp=lp):
                     _draw_kernel[(r,)](scores, slots, steps, *(tables[n] for n in TABLES), tok, lp, history,
-                                       history.shape[-1], VOCAB, STREAMS=8, MAIN=main, TAIL=tail, num_warps=w)
+                                       history.shape[-1], VOCAB, 0, STREAMS=8, TOTAL=8, MAIN=main, TAIL=tail, num_warps=w)
 
                 us = graph_us(call, 4)
                 results.append({"batch": b, "rows": r, "top_k": top_k, "kernel": "fused", "warps": w, "us": us,

@@ -125,6 +125,7 @@ class Sampler:
         unprocessed model logits, B * n * V values in the same order (RAS redraws from
         them, raw logprobs report them); slots, steps [B] int64: each row's slot and the
         frame it samples. Writes the drawn tokens into the history at [slot, stream, step].
+        ``first`` and n are host ints: a captured graph holds one sub-step's subset.
         """
         b, n, v = scores.shape
         rows = scores.reshape(b * n, v)

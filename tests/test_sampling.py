@@ -279,7 +279,8 @@ def test_partitioned_draw_equals_the_full_draw(graphed):
 
 def _ras_seed(seed: int) -> int:
     # facts.md: BLAKE2b-64 of "namespace:seed", little-endian, masked to 31 bits
-    return int.from_bytes(hashlib.blake2b(f"omni-cli-ras:{seed}".encode(), digest_size=8).digest(), "little") & 0x7FFFFFFF
+    digest = hashlib.blake2b(f"omni-cli-ras:{seed}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") & 0x7FFFFFFF
 
 
 def _oracle_token(seed: int, position: int, vocab: int) -> int:

@@ -17,9 +17,10 @@ the publish) is one body, ``_decode_device``, which the engine runs inside
 the step's CUDA graph where it captures graphs: no kernel of it is launched
 from Python then. Host-side choices the body makes (which processors run,
 the RAS window) come from the requests as a SampleFlags and key the graph.
-Shared logit processing lives here too, after the model's ``process_logits``:
-repetition penalty over each request's earlier output, suppress tokens, then
-the seeded draw and the logprob of the sampled token.
+Shared logit processing and the draw, after the model's ``process_logits``,
+are the Sampler's (runners/sampling/sampler.py): repetition penalty over each
+request's earlier output, suppress tokens, then the seeded draw and the
+logprob of the sampled token. The runner holds one, ``self.sampler``.
 
 Async decode: ``execute_launch`` enqueues a decode step (forward, sampling,
 the model's device-side publish in ``post_decode_launch``, which also starts
@@ -33,9 +34,8 @@ CPU read against a later device write). Requests that finished while a step
 was in flight get nothing from it: their rows are dropped.
 
 Rows: a request contributes ``num_streams`` distributions per step (Higgs: 8
-codebooks), each over ``vocab_size`` entries. Per-request sampling parameters
-live in device tables indexed by KV slot, written once at prefill, so a decode
-step gathers them without any host->device traffic beyond the slot indices.
+codebooks), each over ``vocab_size`` entries; the sampler's per-slot tables
+hold each request's sampling parameters (sampler.py).
 """
 
 from __future__ import annotations
@@ -45,17 +45,9 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from .sampling.seeds import derive_seed
-from .attention import fused_kernels_available
 from .device import host_buffer, new_event
 from .engine import Engine, ForwardBatch
-from .sampling.ops import (
-    apply_repetition_penalty,
-    apply_suppress_tokens,
-    draw_rows,
-    ras_replace_mask,
-    seeded_argmax,
-)
+from .sampling.sampler import SampleFlags, Sampler
 
 
 @dataclass
@@ -82,25 +74,6 @@ class BatchResult:
     host: np.ndarray | None = None  # the model's collected payload, [B, ...]
 
 
-@dataclass(frozen=True)
-class SampleFlags:
-    """The host-side choices of a step's sampling (they key the step's CUDA graph)."""
-
-    penalty: bool  # some row has a repetition penalty
-    suppress: bool  # some row suppresses tokens
-    ras_window: int  # widest RAS window in the batch (0: no RAS)
-    history: int  # frames of history the penalty scans
-
-    @classmethod
-    def of(cls, requests, steps_cpu: list[int], full_history: int | None) -> "SampleFlags":
-        """full_history: scan every history position (a graph's shapes cannot follow the
-        steps; unwritten positions hold -1 and count for nothing), else up to the batch's step."""
-        penalty = any(r.params.repetition_penalty != 1.0 for r in requests)
-        return cls(penalty=penalty, suppress=any(r.params.suppress_tokens for r in requests),
-                   ras_window=max(r.params.ras_win_len for r in requests),
-                   history=(full_history or max(max(steps_cpu), 1)) if penalty else 0)
-
-
 @dataclass
 class StepCollect:
     """One request's share of a step, on the host."""
@@ -124,22 +97,6 @@ class _PendingStep:
     n_real: int  # rows that are real requests
 
 
-# per-slot sampling tables: name -> (dtype, value of a request)
-_SLOT_PARAMS = {
-    "temperature": (torch.float32, lambda r: r.params.temperature),
-    "top_k": (torch.int64, lambda r: r.params.top_k),
-    "top_p": (torch.float32, lambda r: r.params.top_p),
-    "min_p": (torch.float32, lambda r: r.params.min_p),
-    "penalty": (torch.float32, lambda r: r.params.repetition_penalty),
-    "ras_win_len": (torch.int64, lambda r: r.params.ras_win_len),
-    "ras_max_repeat": (torch.int64, lambda r: r.params.ras_win_max_num_repeat),
-    "min_new_frames": (torch.int64, lambda r: r.params.min_new_frames),
-    "seed": (torch.int64, lambda r: r.seed),
-    # RAS redraws use their own stream of noise, or a redraw would repeat the draw
-    "ras_seed": (torch.int64, lambda r: derive_seed("omni-cli-ras", r.seed)),
-}
-
-
 class ModelRunner:
     num_streams: int
     vocab_size: int
@@ -150,27 +107,31 @@ class ModelRunner:
         self.engine = engine
         self.device = device
         self.num_slots = num_slots
-        self.raw_logprobs = raw_logprobs  # also report the unprocessed model logprobs
-        # device tables hold one slot more than requests can own: padding rows
-        # of a graphed or fixed-shape step use it (the engine's spare KV slot)
-        s, c, v = num_slots + 1, self.num_streams, self.vocab_size
-        self.slot_gpu = {name: torch.zeros(s, dtype=dt, device=device) for name, (dt, _) in _SLOT_PARAMS.items()}
-        self.suppress_gpu = torch.zeros(s, v, dtype=torch.bool, device=device)
-        # every token sampled so far, per slot and stream; -1 = none yet
-        self.history_gpu = torch.full((s, c, max_seq_len), -1, dtype=torch.int64, device=device)
-        self._ras_excluded_gpu = torch.zeros(v, dtype=torch.bool, device=device)
-        self._ras_excluded_gpu[list(self.ras_excluded_tokens)] = True
+        # the per-slot sampling state and the draw (one Triton kernel on CUDA, PyTorch elsewhere)
+        self.sampler = Sampler(num_slots, self.num_streams, self.vocab_size, max_seq_len, device,
+                               ras_excluded_tokens=self.ras_excluded_tokens, raw_logprobs=raw_logprobs)
         # async decode: two host staging buffers in ping-pong, and the counters
         self._host_staging: list[torch.Tensor] = []
         self._staging_slot = 0
         self.async_query_hit = 0
         self.async_query_miss = 0
-        # the draw: one Triton kernel on CUDA (runners/fused_draw.py), PyTorch elsewhere
-        self._draw_rows = draw_rows
-        if fused_kernels_available(device):
-            from .sampling.fused_draw import fused_draw_rows
 
-            self._draw_rows = fused_draw_rows
+    # the sampler's state, as model families read it (e.g. Higgs' min_new_frames table)
+    @property
+    def slot_gpu(self) -> dict[str, torch.Tensor]:
+        return self.sampler.slot_gpu
+
+    @property
+    def suppress_gpu(self) -> torch.Tensor:
+        return self.sampler.suppress_gpu
+
+    @property
+    def history_gpu(self) -> torch.Tensor:
+        return self.sampler.history_gpu
+
+    @property
+    def raw_logprobs(self) -> bool:
+        return self.sampler.raw_logprobs
 
     # ---- hooks (model families override) ---------------------------------
     def before_prefill(self, fb: ForwardBatch, requests) -> None:
@@ -237,7 +198,7 @@ class ModelRunner:
             return ModelRunnerOutput(outputs={}, req_ids=[], req_id_to_index={})
         requests = scheduler_output.requests
         if fb.is_prefill:
-            self._install_requests(fb, requests)
+            self.sampler.install(fb.slots_gpu, requests)
             self.before_prefill(fb, requests)
             logits = self.custom_prefill_forward(fb, requests)
             result = BatchResult(logits_gpu=self.engine.forward(fb) if logits is None else logits)
@@ -254,7 +215,7 @@ class ModelRunner:
         self.before_decode(fb, requests)
         logits = self.custom_decode_forward(fb, requests)
         graphed = self.engine.captures_graphs()
-        flags = SampleFlags.of(requests, fb.steps_cpu, self.history_gpu.shape[-1] if graphed else None)
+        flags = self.sampler.flags(requests, fb.steps_cpu, graphed)
         post = lambda sfb, logits_gpu: self._decode_device(sfb, logits_gpu, flags)  # noqa: E731
         outs = post(fb, logits) if logits is not None else self.engine.forward(fb, post=post, post_key=flags)
         return BatchResult(logits_gpu=None, next_token_ids_gpu=outs["tokens"], logprobs_gpu=outs["logprobs"],
@@ -304,68 +265,14 @@ class ModelRunner:
         self.post_decode_resolve(pending.launch_buf, pending.batch_result, pending.forward_batch, requests)
         return self._finalize(pending.batch_result, pending.forward_batch, requests, skip)
 
-    def _install_requests(self, fb: ForwardBatch, requests) -> None:
-        """Write each new request's sampling parameters into its slot's tables."""
-        s = fb.slots_gpu
-        for name, (dtype, get) in _SLOT_PARAMS.items():
-            self.slot_gpu[name][s] = torch.tensor([get(r) for r in requests], dtype=dtype).to(self.device)
-        suppress = torch.zeros(len(requests), self.vocab_size, dtype=torch.bool)
-        for i, r in enumerate(requests):
-            suppress[i, list(r.params.suppress_tokens)] = True
-        self.suppress_gpu[s] = suppress.to(self.device)
-        self.history_gpu[s] = -1
-
-    def _row_param(self, name: str, slots: torch.Tensor) -> torch.Tensor:
-        return self.slot_gpu[name][slots]
-
     @torch.inference_mode()
     def _sample(self, result: BatchResult, fb: ForwardBatch, requests, flags: SampleFlags | None = None) -> None:
-        """Logit processing and the draw, all on the device: [B, C] tokens and logprobs.
-        With ``flags`` given, ``requests`` is not read (it is None inside a graph)."""
-        flags = flags or SampleFlags.of(requests, fb.steps_cpu, None)
+        """The model's logit processing, then the sampler's, all on the device: [B, C] tokens and
+        logprobs. With ``flags`` given, ``requests`` is not read (it is None inside a graph)."""
+        flags = flags or self.sampler.flags(requests, fb.steps_cpu)
         scores = self.process_logits(result.logits_gpu, fb, requests)  # [B, C, V]
-        b, c, v = scores.shape
-        rows = scores.reshape(b * c, v)
-        if flags.penalty or flags.suppress or flags.ras_window:
-            slots = fb.slots_gpu.repeat_interleave(c)  # [B*C]
-        if flags.penalty:
-            hist = self.history_gpu[fb.slots_gpu, :, : flags.history].reshape(b * c, -1)
-            rows = apply_repetition_penalty(rows, hist, self._row_param("penalty", slots))
-        if flags.suppress:
-            rows = apply_suppress_tokens(rows, self.suppress_gpu[slots])
-        # the draw also writes each token into history_gpu at its row's step
-        tokens, logprobs = self._draw_rows(rows, fb.slots_gpu, fb.steps_gpu, self.slot_gpu, c, self.history_gpu)
-        ras = flags.ras_window > 0
-        # the unprocessed distribution: RAS redraws from it, --raw-logprobs reports it
-        raw = result.logits_gpu.view(b * c, v).float().log_softmax(dim=-1) if ras or self.raw_logprobs else None
-        if ras:
-            tokens, logprobs = self._ras(tokens, logprobs, raw, fb, flags.ras_window, slots)
-        result.next_token_ids_gpu = tokens.view(b, c)
-        result.logprobs_gpu = logprobs.view(b, c)
-        if self.raw_logprobs:
-            result.raw_logprobs_gpu = raw.gather(1, tokens[:, None]).view(b, c)
-
-    def _ras(self, tokens, logprobs, raw, fb: ForwardBatch, w: int, slots):
-        """Repetition-aware sampling: redraw, from the unprocessed distribution (no
-        temperature, no filters, as transformers' Higgs ``_sample``), any code that
-        already occurs ras_win_max_num_repeat times among its stream's last
-        ras_win_len frames. The redraw has its own seed stream, at the draw's
-        positions; the history gets the final tokens."""
-        c = self.num_streams  # w: the widest window in the batch (host-known)
-        p = lambda name: self._row_param(name, slots)  # noqa: E731
-        offsets = torch.arange(-w, 0, device=self.device)  # [w]: frames -w .. -1
-        steps = fb.steps_gpu.repeat_interleave(c)  # [R]
-        frame = steps[:, None] + offsets[None, :]  # [R, w]
-        valid = (frame >= 0) & (offsets[None, :] >= -p("ras_win_len")[:, None])
-        stream = torch.arange(c, device=self.device).repeat(fb.batch_size)
-        window = self.history_gpu[slots[:, None], stream[:, None], frame.clamp(min=0)]  # [R, w]
-        redo = ras_replace_mask(window, valid, tokens, self._ras_excluded_gpu, p("ras_max_repeat"))
-        redo &= p("ras_win_len") > 0
-        redraw = seeded_argmax(raw, p("ras_seed"), steps * c + stream)
-        tokens = torch.where(redo, redraw, tokens)
-        logprobs = torch.where(redo, raw.gather(1, redraw[:, None])[:, 0], logprobs)
-        self.history_gpu[fb.slots_gpu, :, fb.steps_gpu] = tokens.view(-1, c)
-        return tokens, logprobs
+        drawn = self.sampler.sample(scores, result.logits_gpu, fb.slots_gpu, fb.steps_gpu, flags)
+        result.next_token_ids_gpu, result.logprobs_gpu, result.raw_logprobs_gpu = drawn
 
     def _finalize(self, result: BatchResult, fb: ForwardBatch, requests, skip: set[str] = frozenset()) -> ModelRunnerOutput:
         if result.next_token_ids_gpu is None:

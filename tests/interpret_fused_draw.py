@@ -1,4 +1,4 @@
-"""The fused CUDA draw (runners/fused_draw.py) against sampling.draw, in Triton's CPU interpreter.
+"""The fused CUDA draw (runners/sampling/fused_draw.py) against ops.draw_rows, in Triton's CPU interpreter.
 
 Run as a subprocess by tests/test_decode_attention.py with TRITON_INTERPRET=1.
 Random float32 scores over the Higgs vocabulary and two others (some masked to -inf, as the
@@ -9,6 +9,9 @@ the tokens must be the PyTorch path's, exactly, their logprobs equal to
 within float32 rounding, and the history they write the same. Parameters
 are read from per-slot tables at shuffled slots, with one row per request
 and with eight (request-major rows, draw position step * 8 + stream).
+Subsets: a frame drawn a few streams at a time (streams [first, first + n)
+of eight, as an inner loop's sub-steps) must give the full draw's tokens,
+logprobs and history bit for bit, and the PyTorch path's subset draws.
 """
 
 from __future__ import annotations
@@ -21,8 +24,9 @@ import torch
 from tests.interpret_decode_attention import _patch_interpreter_scalars
 
 
-def _case(g: torch.Generator, streams: int, vocab: int, fused_draw_rows, draw_rows) -> bool:
-    """Rows of requests of `streams` rows each; a request's parameters sit at a shuffled slot."""
+def _inputs(g: torch.Generator, streams: int, vocab: int):
+    """Rows of requests of `streams` rows each; a request's parameters sit at a shuffled slot.
+    Returns (scores [rows, vocab], slots, steps [n_req], tables, an empty history)."""
     grid = list(itertools.product([0.0, 0.7, 1.3], [0, 1, 50], [1.0, 0.9, 0.5], [0.0, 0.05]))
     n_req = len(grid) * 2 // streams
     rows = n_req * streams
@@ -43,8 +47,13 @@ def _case(g: torch.Generator, streams: int, vocab: int, fused_draw_rows, draw_ro
     ties = n_req // 3
     scores[-ties * streams:] = torch.randint(-4, 5, (ties * streams, vocab), generator=g).float()
     tables["top_p"][slots[-ties:]] = 1.0
-    hist_want = torch.full((n_slots, streams, 512), -1, dtype=torch.int64)
+    return scores, slots, steps, tables, torch.full((n_slots, streams, 512), -1, dtype=torch.int64)
+
+
+def _case(g: torch.Generator, streams: int, vocab: int, fused_draw_rows, draw_rows) -> bool:
+    scores, slots, steps, tables, hist_want = _inputs(g, streams, vocab)
     hist_got = hist_want.clone()
+    n_req, rows = len(slots), scores.shape[0]
     want_tok, want_lp = draw_rows(scores, slots, steps, tables, streams, hist_want)
     got_tok, got_lp = fused_draw_rows(scores, slots, steps, tables, streams, hist_got)
     bad = (want_tok != got_tok).nonzero()[:, 0].tolist()
@@ -53,6 +62,37 @@ def _case(g: torch.Generator, streams: int, vocab: int, fused_draw_rows, draw_ro
     print(f"{n_req} requests x {streams} rows of {vocab}: {len(bad)} tokens differ {bad[:5]}, "
           f"max logprob difference {lp_err:.2e}, history {'same' if same_history else 'DIFFERS'}")
     return not bad and lp_err < 1e-5 and same_history
+
+
+def _subset_case(g: torch.Generator, vocab: int, parts: list[int], fused_draw_rows, draw_rows) -> bool:
+    """Eight streams a request drawn as the sub-steps `parts` (stream counts, in order) against one full draw."""
+    streams = 8
+    scores, slots, steps, tables, hist_full = _inputs(g, streams, vocab)
+    keep = torch.tensor([0, 1, 2, 5, len(slots) - 1])  # a few requests (the interpreter is slow), one with ties
+    scores = scores.view(len(slots), streams, vocab)[keep].reshape(-1, vocab)
+    slots, steps = slots[keep], steps[keep]
+    full_tok, full_lp = fused_draw_rows(scores, slots, steps, tables, streams, hist_full)
+    by_req = scores.view(len(slots), streams, vocab)
+    hist_sub, hist_ref = hist_full.new_full(hist_full.shape, -1), hist_full.new_full(hist_full.shape, -1)
+    toks, lps, ref_toks, ref_lps = [], [], [], []
+    first = 0
+    for n in parts:
+        sub = by_req[:, first: first + n].reshape(-1, vocab)
+        tok, lp = fused_draw_rows(sub, slots, steps, tables, n, hist_sub, first, streams)
+        ref_tok, ref_lp = draw_rows(sub, slots, steps, tables, n, hist_ref, first, streams)
+        toks.append(tok.view(-1, n))
+        lps.append(lp.view(-1, n))
+        ref_toks.append(ref_tok.view(-1, n))
+        ref_lps.append(ref_lp.view(-1, n))
+        first += n
+    got_tok, got_lp = torch.cat(toks, 1).reshape(-1), torch.cat(lps, 1).reshape(-1)
+    same = torch.equal(got_tok, full_tok) and torch.equal(got_lp, full_lp) and torch.equal(hist_sub, hist_full)
+    ref_tok, ref_lp = torch.cat(ref_toks, 1).reshape(-1), torch.cat(ref_lps, 1).reshape(-1)
+    lp_err = (ref_lp - got_lp).abs().max().item()
+    as_pytorch = torch.equal(ref_tok, got_tok) and lp_err < 1e-5 and torch.equal(hist_ref, hist_sub)
+    print(f"{len(slots)} requests x sub-steps {parts} of {vocab}: {'same as' if same else 'DIFFERS from'} the full "
+          f"draw; {'same as' if as_pytorch else 'DIFFERS from'} the PyTorch subsets (logprobs within {lp_err:.2e})")
+    return same and as_pytorch
 
 
 def main() -> int:
@@ -65,6 +105,9 @@ def main() -> int:
     # of two (the second block one masked lane); a short row whose two blocks are 32 and 8 lanes
     cases = [(1, 1026), (8, 1026), (8, 1024), (1, 37)]
     ok = [_case(g, streams, vocab, fused_draw_rows, draw_rows) for streams, vocab in cases]
+    # sub-steps: one stream at a time; uneven groups
+    ok += [_subset_case(g, vocab, parts, fused_draw_rows, draw_rows) for vocab, parts in
+           [(37, [1] * 8), (1026, [3, 1, 4])]]
     return 0 if all(ok) else 1
 
 

@@ -40,3 +40,22 @@ def test_multi_row_attention_compiles_for_hopper(block, warps):
     consts = {"REP": 3, "REP_PAD": 16, "D": 128, "BLOCK": block, "USE_DOT": True}
     src = ASTSource(_decode_attention_kernel, {**sig, **{k: "constexpr" for k in consts}}, constexprs=consts)
     assert triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps}).asm["cubin"]
+
+
+@pytest.mark.parametrize("streams, total", [(8, 8), (3, 8)])
+def test_fused_draw_compiles_for_hopper(streams, total):
+    """The one-kernel draw as the sampler launches it, a full frame and a subset of its streams
+    (a runtime first stream, a constexpr total), compiled for sm_90 without a GPU: the interpreter
+    misses what only the compiler rejects."""
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from omni_cli.runners.sampling.fused_draw import _draw_kernel, blocks
+
+    main, tail = blocks(1026)
+    sig = {"scores_ptr": "*fp32", "slots_ptr": "*i64", "steps_ptr": "*i64", "temp_ptr": "*fp32", "top_k_ptr": "*i64",
+           "top_p_ptr": "*fp32", "min_p_ptr": "*fp32", "seed_ptr": "*i64", "tok_ptr": "*i64", "lp_ptr": "*fp32",
+           "hist_ptr": "*i64", "hist_len": "i32", "vocab": "i32", "first": "i32"}
+    consts = {"STREAMS": streams, "TOTAL": total, "MAIN": main, "TAIL": tail}
+    src = ASTSource(_draw_kernel, {**sig, **{k: "constexpr" for k in consts}}, constexprs=consts)
+    assert triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 8}).asm["cubin"]

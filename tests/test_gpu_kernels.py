@@ -42,6 +42,40 @@ def test_fused_draw_matches_the_pytorch_draw_on_cuda():
     assert torch.equal(hist_got, hist_want)
 
 
+def test_fused_subset_draws_equal_the_full_draw_on_cuda():
+    """The one-kernel draw, a frame drawn as sub-steps of its streams (streams [first, first + n)
+    of eight, an inner loop's): the full draw's tokens, logprobs and history, bit for bit."""
+    import torch
+
+    from omni_cli.runners.sampling.fused_draw import fused_draw_rows
+
+    dev = torch.device("cuda")
+    g = torch.Generator(device=dev).manual_seed(1)
+    n_req, c, v = 40, 8, 1026
+    scores = torch.randn(n_req, c, v, generator=g, device=dev) * 3
+    slots = torch.randperm(n_req + 5, generator=g, device=dev)[:n_req]
+    tables = {"temperature": torch.rand(n_req + 5, generator=g, device=dev) + 0.5,
+              "top_k": torch.randint(0, 60, (n_req + 5,), generator=g, device=dev),
+              "top_p": torch.rand(n_req + 5, generator=g, device=dev) * 0.5 + 0.5,
+              "min_p": torch.rand(n_req + 5, generator=g, device=dev) * 0.1,
+              "seed": torch.randint(0, 2**31, (n_req + 5,), generator=g, device=dev) * 2**20}
+    steps = torch.randint(0, 1000, (n_req,), generator=g, device=dev)
+    hist_full = torch.full((n_req + 5, c, 1024), -1, dtype=torch.int64, device=dev)
+    full_tok, full_lp = fused_draw_rows(scores.view(-1, v), slots, steps, tables, c, hist_full)
+    for parts in ([1] * 8, [3, 1, 4]):
+        hist = torch.full_like(hist_full, -1)
+        toks, lps, first = [], [], 0
+        for n in parts:
+            tok, lp = fused_draw_rows(scores[:, first: first + n].reshape(-1, v), slots, steps, tables, n, hist,
+                                      first, c)
+            toks.append(tok.view(n_req, n))
+            lps.append(lp.view(n_req, n))
+            first += n
+        assert torch.equal(torch.cat(toks, 1).view(-1), full_tok)
+        assert torch.equal(torch.cat(lps, 1).view(-1), full_lp)
+        assert torch.equal(hist, hist_full)
+
+
 def test_rope_kv_write_rotates_within_bf16_rounding_and_writes_only_its_tokens_on_cuda():
     """rope_kv_write (one program a token, every head of it, padded to a power of two) at the 3B
     model's head counts against rope in float64 (q * cos + rotate_half(q) * sin over the float32

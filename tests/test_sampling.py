@@ -6,6 +6,8 @@ Oracles: transformers' logits processors, the mmh3 package, and statistics
 
 from __future__ import annotations
 
+import hashlib
+import math
 import random
 import struct
 
@@ -210,3 +212,113 @@ def test_ras_redraws_exactly_the_repeated_codes(tmp_path):
             # a redraw reports its logprob under the raw distribution
             assert outs["on"]["logprobs"][t, c] == outs["on"]["raw_logprobs"][t, c]
     assert any(on[t, c] != off[t, c] for c in range(off.shape[1]))
+
+
+# ---- the Sampler: subset draws (an inner loop's sub-steps) and the draw position ----
+
+def _sampler(requests, slots, streams, vocab, max_len=24, raw_logprobs=True):
+    from omni_cli.runners.sampling.sampler import Sampler
+
+    sampler = Sampler(8, streams, vocab, max_len, torch.device("cpu"), ras_excluded_tokens=(vocab - 1,),
+                      raw_logprobs=raw_logprobs, fused=False)
+    sampler.install(slots, requests)
+    return sampler
+
+
+def _partitioned(sampler, scores, logits, slots, steps, flags, parts):
+    """Draw each row's streams as consecutive sub-steps of `parts` streams; concatenated [B, C] results."""
+    out, first = [], 0
+    for n in parts:
+        out.append(sampler.sample(scores[:, first: first + n], logits[:, first: first + n], slots, steps, flags, first))
+        first += n
+    return [torch.cat([o[i] for o in out], dim=1) for i in range(3)]
+
+
+@pytest.mark.parametrize("graphed", [False, True])
+def test_partitioned_draw_equals_the_full_draw(graphed):
+    """A frame drawn a few streams at a time, in any partition, gives one full draw's tokens,
+    logprobs, raw logprobs and history, bit for bit, with penalties, suppress tokens, RAS and
+    every warper mixed across rows."""
+    from types import SimpleNamespace
+
+    from omni_cli.runners.sampling.params import SamplingParams
+
+    c, v = 8, 40
+    g = torch.Generator().manual_seed(3)
+    params = [SamplingParams(temperature=0.7, top_k=5, repetition_penalty=1.3),
+              SamplingParams(temperature=0.0, suppress_tokens=(0, 5, 9)),
+              SamplingParams(top_p=0.8, min_p=0.05, repetition_penalty=0.8),
+              SamplingParams(temperature=1.3, suppress_tokens=(1, 2, 3), ras_win_len=3),
+              SamplingParams(ras_win_len=4, ras_win_max_num_repeat=1, top_k=12),
+              SamplingParams(temperature=0.9, top_p=0.6, min_p=0.2, repetition_penalty=1.1)]
+    requests = [SimpleNamespace(params=p, seed=s) for p, s in zip(params, [5, 17, 2**31 - 1, 0, 99, 2**40 + 3])]
+    slots = torch.tensor([6, 0, 3, 8, 2, 5])
+    steps = torch.tensor([7, 3, 12, 9, 5, 20])
+    sampler = _sampler(requests, slots, c, v)
+    for i, (s, t) in enumerate(zip(slots, steps)):  # earlier frames, some of them repeats of token 7
+        sampler.history_gpu[s, :, :t] = torch.randint(0, 10 if i == 4 else v, (c, int(t)), generator=g)
+    logits = torch.randn(6, c, v, generator=g) * 3
+    scores = logits.clone()
+    scores[::2, :, v - 1] = float("-inf")  # model masks, as a delay pattern's
+    scores[4, :, 7] += 20.0  # row 4 draws 7, which its window holds: RAS redraws it
+    flags = sampler.flags(requests, steps.tolist(), graphed)
+    assert flags.penalty and flags.suppress and flags.ras_window == 4
+    start = sampler.history_gpu.clone()
+    full = sampler.sample(scores, logits, slots, steps, flags)
+    full_history = sampler.history_gpu.clone()
+    assert torch.equal(full_history[slots, :, steps], full.tokens)
+    assert (full.tokens[4] != 7).any()
+    for parts in ([1] * 8, [3, 5], [2, 2, 4], [5, 1, 2], [8]):
+        sampler.history_gpu.copy_(start)
+        tokens, logprobs, raw = _partitioned(sampler, scores, logits, slots, steps, flags, parts)
+        assert torch.equal(tokens, full.tokens), parts
+        assert torch.equal(logprobs, full.logprobs), parts
+        assert torch.equal(raw, full.raw), parts
+        assert torch.equal(sampler.history_gpu, full_history), parts
+
+
+def _ras_seed(seed: int) -> int:
+    # facts.md: BLAKE2b-64 of "namespace:seed", little-endian, masked to 31 bits
+    digest = hashlib.blake2b(f"omni-cli-ras:{seed}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") & 0x7FFFFFFF
+
+
+def _oracle_token(seed: int, position: int, vocab: int) -> int:
+    """The draw from a uniform distribution: the column whose uniform (the murmur3 hash) is the largest."""
+    hashes = [mmh3.hash(struct.pack("<4I", seed & 0xFFFFFFFF, seed >> 32, position, col), 0, signed=False)
+              for col in range(vocab)]
+    return max(range(vocab), key=hashes.__getitem__)
+
+
+def test_subset_draw_position_is_frame_times_streams_plus_stream():
+    """Stream c of frame t is drawn at position t * num_streams + c (its absolute index), whichever
+    sub-step draws it, and lands in the history at [slot, c, t]; a RAS redraw of it uses the RAS
+    seed at the same position. Uniform scores make each draw the argmax of mmh3 over the columns."""
+    from types import SimpleNamespace
+
+    from omni_cli.runners.sampling.params import SamplingParams
+
+    c, v = 4, 16
+    seeds = [2**40 + 12345, 7]
+    requests = [SimpleNamespace(params=SamplingParams(), seed=seeds[0]),
+                SimpleNamespace(params=SamplingParams(ras_win_len=2, ras_win_max_num_repeat=1), seed=seeds[1])]
+    slots, steps = torch.tensor([3, 1]), torch.tensor([5, 11])
+    sampler = _sampler(requests, slots, c, v)
+    draws = [[_oracle_token(s, int(t) * c + k, v) for k in range(c)] for s, t in zip(seeds, steps)]
+    # row 1's previous frame holds its draws: RAS redraws every stream of it
+    sampler.history_gpu[1, :, 10] = torch.tensor(draws[1])
+    want = [draws[0], [_oracle_token(_ras_seed(seeds[1]), 11 * c + k, v) for k in range(c)]]
+    # a sub-step's relative index, or its own count as the total, would draw other tokens
+    assert draws[0] != [_oracle_token(seeds[0], 5 * 2 + k % 2, v) for k in range(c)]
+    flags = sampler.flags(requests, steps.tolist())
+    uniform = torch.zeros(2, c, v)
+    got = [None] * c
+    for first, n in ((2, 2), (0, 1), (1, 1)):  # streams 2-3, then 0, then 1
+        drawn = sampler.sample(uniform[:, :n], uniform[:, :n], slots, steps, flags, first)
+        for j in range(n):
+            got[first + j] = drawn.tokens[:, j].tolist()
+        torch.testing.assert_close(drawn.logprobs, torch.full((2, n), -math.log(v)))
+    assert [[got[k][row] for k in range(c)] for row in range(2)] == want
+    assert sampler.history_gpu[3, :, 5].tolist() == want[0] and sampler.history_gpu[1, :, 11].tolist() == want[1]
+    written = sampler.history_gpu >= 0
+    assert int(written.sum()) == 3 * c  # the two frames drawn, and row 1's previous frame

@@ -1,14 +1,14 @@
-"""The seeded draw of runners/sampling.py as one Triton kernel per step (CUDA only).
+"""The seeded draw of runners/sampling/ops.py as one Triton kernel per step (CUDA only).
 
-``sampling.draw`` is ~80 PyTorch kernels per step: temperature, two sorts for
+``ops.draw`` is ~80 PyTorch kernels per step: temperature, two sorts for
 top-k and top-p, softmaxes, a scatter, and the murmur3 hash as ~60 int64
 elementwise passes over [rows, vocab]. Inside the step's CUDA graph they cost
 ~0.4 ms at batch 1 and grow with the batch. Here one program takes one row
 (one codebook of one request) through the same steps in registers:
   temperature -> top-k (ties at the k-th value kept) -> top-p -> min-p
   -> log_softmax -> argmax(logprobs + Gumbel(murmur3(seed, position, token)))
-with transformers' semantics, as in sampling.apply_warpers, and the same hash
-and float64 Gumbel noise as sampling.gumbel_noise, so a seed draws the same
+with transformers' semantics, as in ops.apply_warpers, and the same hash
+and float64 Gumbel noise as ops.gumbel_noise, so a seed draws the same
 token. One difference, at exact ties only: top-p keeps every token whose
 score equals the smallest kept score (the PyTorch path drops tied copies that
 sort into the removed tail). Greedy rows (temperature 0) take the argmax of
@@ -94,12 +94,13 @@ def _argmax2(a, b, offset_b: tl.constexpr):
 
 @triton.jit
 def _draw_kernel(scores_ptr, slots_ptr, steps_ptr, temp_ptr, top_k_ptr, top_p_ptr, min_p_ptr, seed_ptr, tok_ptr,
-                 lp_ptr, hist_ptr, hist_len, vocab, STREAMS: tl.constexpr, MAIN: tl.constexpr, TAIL: tl.constexpr):
+                 lp_ptr, hist_ptr, hist_len, vocab, first, STREAMS: tl.constexpr, TOTAL: tl.constexpr,
+                 MAIN: tl.constexpr, TAIL: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
-    # row = request * STREAMS + stream; the request's parameters live in per-slot tables
+    # row = request * STREAMS + j: stream first + j of the request's TOTAL; its parameters live in per-slot tables
     slot = tl.load(slots_ptr + row // STREAMS)
     step = tl.load(steps_ptr + row // STREAMS)
-    stream = row % STREAMS
+    stream = first + row % STREAMS
     # the row as two blocks, columns [0, MAIN) (_m) and [MAIN, MAIN + TAIL) (_t): every step
     # below runs on both, every reduction adds or compares the two blocks' results
     cm = tl.arange(0, MAIN)
@@ -156,12 +157,12 @@ def _draw_kernel(scores_ptr, slots_ptr, steps_ptr, temp_ptr, top_k_ptr, top_p_pt
     lp_m, lp_t = proc_m - lse, proc_t - lse
     # the seeded draw: argmax(logprobs + Gumbel noise) in float64
     seed = tl.load(seed_ptr + slot)
-    pos = step * STREAMS + stream  # the draw position, as sglang-omni's Higgs runner
+    pos = step * TOTAL + stream  # the draw position, as sglang-omni's Higgs runner: the same in any subset
     drawn = _argmax2(_noisy(lp_m, cm, ok_m, seed, pos), _noisy(lp_t, ct, ok_t, seed, pos), MAIN)
     tok = tl.where(greedy, _argmax2(proc_m, proc_t, MAIN), drawn)
     tl.store(tok_ptr + row, tok.to(tl.int64))
     tl.store(lp_ptr + row, _sum2(tl.where(cm == tok, lp_m, 0.0), tl.where(ct == tok, lp_t, 0.0)))
-    tl.store(hist_ptr + (slot * STREAMS + stream) * hist_len + step, tok.to(tl.int64))
+    tl.store(hist_ptr + (slot * TOTAL + stream) * hist_len + step, tok.to(tl.int64))
 
 
 def blocks(vocab: int) -> tuple[int, int]:
@@ -180,13 +181,15 @@ def warps(rows: int) -> int:
 
 
 def fused_draw_rows(scores: torch.Tensor, slots: torch.Tensor, steps: torch.Tensor, tables: dict[str, torch.Tensor],
-                    streams: int, history: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """sampling.draw_rows in one kernel (same arguments and results)."""
+                    streams: int, history: torch.Tensor, first: int = 0,
+                    total: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """sampling.ops.draw_rows in one kernel (same arguments and results)."""
     r, v = scores.shape
     tokens = torch.empty(r, dtype=torch.int64, device=scores.device)
     logprobs = torch.empty(r, dtype=torch.float32, device=scores.device)
     main, tail = blocks(v)
     _draw_kernel[(r,)](scores.contiguous(), slots, steps, tables["temperature"], tables["top_k"], tables["top_p"],
-                       tables["min_p"], tables["seed"], tokens, logprobs, history, history.shape[-1], v,
-                       STREAMS=streams, MAIN=main, TAIL=tail, num_warps=warps(r))
+                       tables["min_p"], tables["seed"], tokens, logprobs, history, history.shape[-1], v, first,
+                       STREAMS=streams, TOTAL=streams if total is None else total, MAIN=main, TAIL=tail,
+                       num_warps=warps(r))
     return tokens, logprobs

@@ -167,19 +167,25 @@ def draw(
 
 
 def draw_rows(scores: torch.Tensor, slots: torch.Tensor, steps: torch.Tensor, tables: dict[str, torch.Tensor],
-              streams: int, history: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+              streams: int, history: torch.Tensor, first: int = 0,
+              total: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """A decode step's draw: ``streams`` rows per request, each drawn as ``draw`` does.
 
     scores [B * streams, V], request-major; slots, steps [B] int64 (the frame each
     request samples); tables: per-slot parameters [S] ("temperature", "top_k",
-    "top_p", "min_p", "seed"); history [S, streams, H] int64, where each drawn
-    token is written at its request's step. Row b * streams + c draws at position
-    step * streams + c, as sglang-omni's Higgs runner. Returns (tokens, logprobs),
+    "top_p", "min_p", "seed"); history [S, total, H] int64. The rows are streams
+    [first, first + streams) of a request's ``total`` (default: all of them, first
+    0): row b * streams + j is stream c = first + j, drawn at position
+    step * total + c, as sglang-omni's Higgs runner, and written to history at
+    [slot, c, step]. So a frame drawn a few streams at a time (an inner loop's
+    sub-steps) gives the tokens of one full draw. Returns (tokens, logprobs),
     [B * streams] each.
     """
+    total = streams if total is None else total
     slot_rows = slots.repeat_interleave(streams)
-    positions = (steps[:, None] * streams + torch.arange(streams, device=steps.device)[None, :]).reshape(-1)
+    stream_ids = torch.arange(first, first + streams, device=steps.device)
+    positions = (steps[:, None] * total + stream_ids[None, :]).reshape(-1)
     p = {name: tables[name][slot_rows] for name in ("temperature", "top_k", "top_p", "min_p", "seed")}
     tokens, logprobs = draw(scores, p["temperature"], p["top_k"], p["top_p"], p["min_p"], p["seed"], positions)
-    history[slots, :, steps] = tokens.view(-1, streams)
+    history[slots, first: first + streams, steps] = tokens.view(-1, streams)
     return tokens, logprobs

@@ -77,7 +77,7 @@ class FrameBuffer:
 
     def release(self) -> None:
         """Drop the entries (the row's files are written): a run of many rows keeps every
-        Request until its end, and 1,500 frames of 8 codes and logprobs are 144 KB a row."""
+        Request until its end, and a long row's codes and logprobs are its largest host buffer."""
         self._rows = None
         self._released = True
 

@@ -2,8 +2,8 @@
 
 ``ops.draw`` is ~80 PyTorch kernels per step: temperature, two sorts for
 top-k and top-p, softmaxes, a scatter, and the murmur3 hash as ~60 int64
-elementwise passes over [rows, vocab]. Inside the step's CUDA graph they cost
-~0.4 ms at batch 1 and grow with the batch. Here one program takes one row
+elementwise passes over [rows, vocab], a large share of a small step even inside
+its CUDA graph (BENCHMARKS.md). Here one program takes one row
 (one codebook of one request) through the same steps in registers:
   temperature -> top-k (ties at the k-th value kept) -> top-p -> min-p
   -> log_softmax -> argmax(logprobs + Gumbel(murmur3(seed, position, token)))
@@ -17,13 +17,10 @@ the unwarped scores.
 No sort: the top-k cut (the k-th largest score) and the top-p cut (the
 largest score whose cumulative mass from below stays <= 1 - p) are found by
 a bitwise search over the scores' order-preserving 32-bit keys, 32 counts or
-masked sums over the row each. Two sorts of the padded row (2048) made this
-kernel 0.12 / 0.34 / 1.0 ms of a step at batch 1 / 64 / 256 on the H200;
-the search took 0.03 / 0.03 / 0.13 ms over one 2048-lane block, and takes
-0.019 / 0.024 / 0.067 ms over the row as a 1024-lane block and a 2-lane one
-(``blocks``; benchmarks/draw_probe.py). The two blocks' sums are added in a
-different order than one block's, so a logprob may move by an ulp; the
-tokens were the same on every row probed.
+masked sums over the row each: several times faster than sorting the padded
+row, and faster again over the row as a 1024-lane block and a 2-lane one
+(``blocks``; BENCHMARKS.md). The two blocks' sums are added in a different
+order than one block's, so a logprob may move by an ulp.
 """
 
 from __future__ import annotations
@@ -175,8 +172,7 @@ def blocks(vocab: int) -> tuple[int, int]:
 
 def warps(rows: int) -> int:
     """Warps per row, by the rows of a call: 8 while they fit the SMs, fewer as they queue
-    (18.5 / 23.9 / 66.5 us at 8 / 512 / 2048 rows of 1026 at 8 / 4 / 2 warps, against 28.8 /
-    30.9 / 85.6 at 2 / 2 / 4; benchmarks/draw_probe.py, H200)."""
+    (the fastest at each size: BENCHMARKS.md)."""
     return 8 if rows <= 128 else 4 if rows <= 1024 else 2
 
 

@@ -179,13 +179,15 @@ def warps(rows: int) -> int:
 def fused_draw_rows(scores: torch.Tensor, slots: torch.Tensor, steps: torch.Tensor, tables: dict[str, torch.Tensor],
                     streams: int, history: torch.Tensor, first: int = 0,
                     total: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """sampling.ops.draw_rows in one kernel (same arguments and results)."""
+    """sampling.ops.draw_rows in one kernel (same arguments and results). A subset of a frame's
+    streams runs at the warps of the whole frame's rows, so its sums round as the full draw's."""
     r, v = scores.shape
+    total = streams if total is None else total
     tokens = torch.empty(r, dtype=torch.int64, device=scores.device)
     logprobs = torch.empty(r, dtype=torch.float32, device=scores.device)
     main, tail = blocks(v)
     _draw_kernel[(r,)](scores.contiguous(), slots, steps, tables["temperature"], tables["top_k"], tables["top_p"],
                        tables["min_p"], tables["seed"], tokens, logprobs, history, history.shape[-1], v, first,
-                       STREAMS=streams, TOTAL=streams if total is None else total, MAIN=main, TAIL=tail,
-                       num_warps=warps(r))
+                       STREAMS=streams, TOTAL=total, MAIN=main, TAIL=tail,
+                       num_warps=warps(r // streams * total))
     return tokens, logprobs

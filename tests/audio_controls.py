@@ -8,6 +8,7 @@ decode and against the changed codes' decode.
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 
 import numpy as np
@@ -55,6 +56,7 @@ def max_lsb(a: np.ndarray, b: np.ndarray) -> int:
     return int(np.abs(a[:n].astype(np.int32) - b[:n].astype(np.int32)).max())
 
 
+@functools.lru_cache(maxsize=4)
 def codec_stage(ckpt: Path, dtype: torch.dtype = torch.float32, device: torch.device = torch.device("cpu")):
     """The codec stage a family loaded from tiny checkpoint `ckpt` decodes with (HiggsAudioV2.load's)."""
     from omni_cli.runners.codec_stage import CodecStage

@@ -18,6 +18,10 @@ import sys
 
 import torch
 
+from tests import torchaudio_standin
+
+torchaudio_standin.install()  # before transformers is imported: its torchaudio check is cached (tiny_codec builds with it)
+
 
 def main() -> int:
     return 0 if _snake_matches() and _masked_codec_matches() and _half_codec_matches() else 1
@@ -28,6 +32,7 @@ def _masked_codec_matches() -> bool:
     channels, dilations 1, 3 and 9; the last convolution's at 2 channels) against the modules'
     forward (float32): a padded, masked batch against the plain masked decode, and one row whole."""
     from omni_cli.runners.higgs_audio_v2.codec import HiggsCodecDecoder, _FusedHeadConv, _FusedResidualUnit, use_fused_kernels
+    from tests.audio_controls import change_codec_frame
     from tests.conftest import TINY
 
     plain = HiggsCodecDecoder.load(TINY / "codec", torch.float32, torch.device("cpu"))
@@ -40,11 +45,20 @@ def _masked_codec_matches() -> bool:
     want, got = plain.decode(codes, lengths), fused.decode(codes, lengths)
     hop = plain.hop_length
     err = max((got[i, : n * hop] - want[i, : n * hop]).abs().max().item() for i, n in enumerate(lengths.tolist()))
-    whole = (fused.decode(codes[1:, :, :7]) - plain.decode(codes[1:, :, :7])).abs().max().item()
+    row = fused.decode(codes[1:, :, :7])
+    whole = (row - plain.decode(codes[1:, :, :7])).abs().max().item()
+    # controls, which must fail the 1e-5 bound: the rows swapped (over their common 7 frames),
+    # and the modules' decode of the codes with one frame changed in each row
+    swapped = (got[1, : 7 * hop] - want[0, : 7 * hop]).abs().max().item()
+    other = plain.decode(change_codec_frame(change_codec_frame(codes, 0, 6), 1, 3), lengths)
+    err_other = min((got[i, : n * hop] - other[i, : n * hop]).abs().max().item() for i, n in enumerate(lengths.tolist()))
+    whole_other = (row - other[1:, : 7 * hop]).abs().max().item()
     print(f"codec, fused (units at {widths} channels) against the modules: masked batch {err:.2e}, "
-          f"a whole row {whole:.2e} (max abs difference)")
+          f"a whole row {whole:.2e} (max abs difference); controls: rows swapped {swapped:.2e}, "
+          f"a frame's codes changed {err_other:.2e} (batch), {whole_other:.2e} (whole)")
     head = isinstance(fused.acoustic_decoder.conv2, _FusedHeadConv)
-    return widths == [32] * 3 and head and err < 1e-5 and whole < 1e-5
+    controls = min(swapped, err_other, whole_other) >= 1e-5
+    return widths == [32] * 3 and head and err < 1e-5 and whole < 1e-5 and controls
 
 
 def _half_codec_matches() -> bool:
@@ -52,28 +66,33 @@ def _half_codec_matches() -> bool:
     decoder of 512 channels (units of 256 to 16: the kernel takes 128, 64 and 32; the last
     convolution's kernel reads 16) within twice the modules' own float16 distance from their
     float32 decode."""
+    import tempfile
     from pathlib import Path
 
     from omni_cli.runners.higgs_audio_v2.codec import HiggsCodecDecoder, _FusedHeadConv, _FusedResidualUnit, use_fused_kernels
-    from tests.tiny_checkpoint import tiny_codec_config
+    from tests.audio_controls import change_codec_frame
+    from tests.tiny_checkpoint import tiny_codec, tiny_codec_config
 
     torch.manual_seed(0)
     cfg = tiny_codec_config()
     cfg.acoustic_model_config.decoder_hidden_size = 512
-    dec = HiggsCodecDecoder(cfg.to_dict(), Path("codec")).eval()
-    with torch.no_grad():
-        for q in dec.quantizer.quantizers:  # spread codebooks (their init is zeros)
-            q.codebook.embed.normal_()
+    with tempfile.TemporaryDirectory() as tmp:  # the test builders' codec, whose audio the codes drive
+        tiny_codec(cfg).save_pretrained(tmp)
+        dec = HiggsCodecDecoder.load(Path(tmp), torch.float32, torch.device("cpu"))
     codes = torch.randint(0, 1024, (1, 8, 12))
     want = dec.decode(codes)
+    other = dec.decode(change_codec_frame(codes))  # control: one frame's codes changed
     half = copy.deepcopy(dec).to(torch.float16)
     plain_err = (half.decode(codes) - want).abs().max() / want.abs().max()
     use_fused_kernels(half.acoustic_decoder)
     widths = sorted({m.conv1.in_channels for m in half.modules() if isinstance(m, _FusedResidualUnit)})
-    err = (half.decode(codes) - want).abs().max() / want.abs().max()
-    print(f"codec, fused, in float16: {err:.2e} off float32 (the modules in float16: {plain_err:.2e})")
+    got = half.decode(codes)
+    err = (got - want).abs().max() / want.abs().max()
+    err_other = (got - other).abs().max() / want.abs().max()  # must fail the bound
+    print(f"codec, fused, in float16: {err:.2e} off float32 (the modules in float16: {plain_err:.2e}); "
+          f"control: {err_other:.2e} off the decode of a frame's codes changed")
     head = isinstance(half.acoustic_decoder.conv2, _FusedHeadConv)
-    return widths == [32, 64, 128] and head and bool(err <= 2 * plain_err)
+    return widths == [32, 64, 128] and head and bool(err <= 2 * plain_err) and bool(err_other > 2 * plain_err)
 
 
 def _snake_matches() -> bool:

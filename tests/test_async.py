@@ -18,6 +18,7 @@ from omni_cli.loop import run_loop
 from omni_cli.runners.sampling.params import SamplingParams
 from omni_cli.scheduler import Request, Scheduler
 from omni_cli.runners.base import ModelRunner
+from tests.audio_controls import assert_written_audio_follows_its_codes, codec_stage, longest_row
 from tests.conftest import load_family, read_manifest, run_cli, write_config, write_jsonl
 
 TEXTS = ["Hi.", "The sun rises in the east.", "A longer sentence, to make this prompt longer than the rest.",
@@ -50,6 +51,8 @@ def test_async_byte_identical_to_sync(tmp_path, eos_ckpt, batch, sampling):
     reasons = [m["finish_reason"] for m in read_manifest(sync)]
     assert "stop" in reasons and len({m["frames"] for m in read_manifest(sync)}) > 3
     assert _bytes(lookahead) == _bytes(sync)
+    # control: the files are their codes' audio, and other codes' audio has other bytes
+    assert_written_audio_follows_its_codes(codec_stage(eos_ckpt), sync, longest_row(read_manifest(sync)))
 
 
 def test_default_mode_async_keeps_codes_and_audio(tmp_path, eos_ckpt):
@@ -63,6 +66,8 @@ def test_default_mode_async_keeps_codes_and_audio(tmp_path, eos_ckpt):
         np.testing.assert_array_equal(a["tokens"], b["tokens"])
         np.testing.assert_allclose(a["logprobs"], b["logprobs"], atol=1e-4)
         assert (sync / m["file_name"]).read_bytes() == (lookahead / m["file_name"]).read_bytes()
+    # control: the files are their codes' audio, and other codes' audio has other bytes
+    assert_written_audio_follows_its_codes(codec_stage(eos_ckpt), sync, longest_row(read_manifest(sync)))
 
 
 def _tiny_model(ckpt, tmp_path, max_batch_size=4, deterministic=True):

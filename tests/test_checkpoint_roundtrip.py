@@ -18,7 +18,8 @@ from omni_cli.runners.higgs_audio_v2.codec import HiggsCodecDecoder
 from omni_cli.runners.higgs_audio_v2.config import HiggsConfig
 from omni_cli.runners.higgs_audio_v2.model import HiggsAudioV2LM
 from tests.reference import HiggsAudioV2ForConditionalGeneration, HiggsAudioV2TokenizerModel
-from tests.tiny_checkpoint import build_tokenizer, tiny_codec_config, tiny_lm_config
+from tests.audio_controls import change_codec_frame
+from tests.tiny_checkpoint import build_tokenizer, drive_by_codes, tiny_codec, tiny_codec_config, tiny_lm_config
 
 
 def _prefill_logits(model: HiggsAudioV2LM, ids: torch.Tensor) -> torch.Tensor:
@@ -143,10 +144,7 @@ def test_codec_roundtrip(tmp_path, weight_norm):
     (as converted DAC checkpoints may); the loader folds it into plain weights.
     """
     torch.manual_seed(5)
-    ref = HiggsAudioV2TokenizerModel(tiny_codec_config()).eval()
-    with torch.no_grad():
-        for q in ref.quantizer.quantizers:
-            q.codebook.embed.normal_()
+    ref = tiny_codec()
     if weight_norm:
         ref.apply_weight_norm()
     ref.save_pretrained(tmp_path)
@@ -159,6 +157,11 @@ def test_codec_roundtrip(tmp_path, weight_norm):
     got = ours.decode(codes)
     assert got.shape == (2, 13 * 960)
     torch.testing.assert_close(got, want, atol=1e-6, rtol=1e-5)
+    # controls: one frame's codes changed, or the rows swapped, fail the same bound
+    with pytest.raises(AssertionError):
+        torch.testing.assert_close(ours.decode(change_codec_frame(codes, row=1)), want, atol=1e-6, rtol=1e-5)
+    with pytest.raises(AssertionError):
+        torch.testing.assert_close(got.flip(0), want, atol=1e-6, rtol=1e-5)
 
 
 def test_folded_dilated_convolutions_decode_like_the_reference(tmp_path):
@@ -170,10 +173,7 @@ def test_folded_dilated_convolutions_decode_like_the_reference(tmp_path):
     torch.manual_seed(7)
     cfg = tiny_codec_config()
     cfg.acoustic_model_config.decoder_hidden_size = 64
-    ref = HiggsAudioV2TokenizerModel(cfg).eval()
-    with torch.no_grad():
-        for q in ref.quantizer.quantizers:
-            q.codebook.embed.normal_()
+    ref = tiny_codec(cfg)
     ref.save_pretrained(tmp_path)
     ours = HiggsCodecDecoder.load(tmp_path, torch.float32, torch.device("cpu"))
     dilated = [m.conv1 for m in ours.modules() if isinstance(m, _ResidualUnit) and m.conv1.dilation[0] > 1]
@@ -184,6 +184,8 @@ def test_folded_dilated_convolutions_decode_like_the_reference(tmp_path):
         want = ref.decode(codes).audio_values[:, 0]
     assert len(dilated) == 2 * len(ours.acoustic_decoder.block) and sorted({c.dilation[0] for c in dilated}) == [3, 9]
     torch.testing.assert_close(ours.decode(codes), want, atol=1e-6, rtol=1e-5)
+    with pytest.raises(AssertionError):  # control: one frame's codes changed fails the same bound
+        torch.testing.assert_close(ours.decode(change_codec_frame(codes)), want, atol=1e-6, rtol=1e-5)
 
 
 def test_codec_config_without_decoder_keys_takes_the_references_defaults(tmp_path):
@@ -196,7 +198,7 @@ def test_codec_config_without_decoder_keys_takes_the_references_defaults(tmp_pat
     cfg = HiggsAudioV2TokenizerConfig(target_bandwidths=tiny["target_bandwidths"], codebook_size=1024, codebook_dim=8,
                                       acoustic_model_config={"encoder_hidden_size": 2},
                                       semantic_model_config=tiny["semantic_model_config"])
-    ref = HiggsAudioV2TokenizerModel(cfg).eval()
+    ref = drive_by_codes(HiggsAudioV2TokenizerModel(cfg).eval())
     ref.save_pretrained(tmp_path)
     raw = json.loads((tmp_path / "config.json").read_text())
     for key in ("hidden_size", "decoder_hidden_size", "upsampling_ratios", "downsampling_ratios"):
@@ -207,3 +209,5 @@ def test_codec_config_without_decoder_keys_takes_the_references_defaults(tmp_pat
     with torch.no_grad():
         want = ref.decode(codes).audio_values[:, 0]
     torch.testing.assert_close(ours.decode(codes), want, atol=1e-5, rtol=1e-4)
+    with pytest.raises(AssertionError):  # control: one frame's codes changed fails the same bound
+        torch.testing.assert_close(ours.decode(change_codec_frame(codes)), want, atol=1e-5, rtol=1e-4)

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 import soundfile as sf
 
+from tests.audio_controls import change_one_frame, max_lsb
 from tests.conftest import read_manifest, run_cli, write_jsonl
 
 
@@ -229,6 +230,10 @@ def test_batched_codec_pads_rows_to_shared_shapes_and_sounds_as_if_alone(monkeyp
     for got, want in zip(batched[:-1], alone[:-1]):
         assert got.shape == want.shape and got.dtype == want.dtype == np.int16
         assert np.abs(got.astype(np.int32) - want).max() <= 1
+    # controls: a row against another row of its length (rows mixed up), or against its codes
+    # with one frame changed, fails the bound
+    changed = stage.decode([change_one_frame(tokens[0])], batched=False)[0]
+    assert max_lsb(batched[0], alone[2]) > 1 and max_lsb(batched[0], changed) > 1
 
 
 def test_codec_calls_after_the_loop_hold_fewer_rows_and_sound_the_same(monkeypatch):
@@ -261,6 +266,9 @@ def test_codec_calls_after_the_loop_hold_fewer_rows_and_sound_the_same(monkeypat
     for got, want in zip(drained, during):
         assert got.shape == want.shape
         assert np.abs(got.astype(np.int32) - want).max() <= 1
+    # controls: rows swapped, or one frame's codes changed, fail the bound
+    changed = stage.decode([change_one_frame(tokens[0])], batched=False)[0]
+    assert max_lsb(drained[0], during[1]) > 1 and max_lsb(drained[0], changed) > 1
     monkeypatch.setattr(codec_stage, "CODEC_DRAIN_FRAMES", 3 * 32)
     monkeypatch.setattr(codec_stage, "CODEC_DRAIN_CALLS", 8)
     for slots, batches in ((3, [1, 2, 4]), (1, [1]), (8, [1, 2, 4])):
@@ -318,6 +326,9 @@ def test_a_codec_call_that_fails_after_others_are_queued_keeps_the_rows_before_i
     assert sorted(i for i, _ in got) == list(range(7)) and calls[failing - 1][1]
     for i, w in got:  # the first call's rows as batched, the rest decoded alone: a conv's rounding
         assert np.abs(w.astype(np.int32) - want[i]).max() <= 1
+    # controls: another row's audio (all rows are 40 frames), or one frame's codes changed, fail both bounds
+    changed = stage.decode([change_one_frame(tokens[0])], batched=False)[0]
+    assert max_lsb(want[1], want[0]) > 1 and max_lsb(changed, want[0]) > 1
 
 
 def test_a_codec_batch_that_fails_is_retried_row_by_row(monkeypatch):
@@ -336,3 +347,6 @@ def test_a_codec_batch_that_fails_is_retried_row_by_row(monkeypatch):
             assert isinstance(g, RuntimeError) and "out of memory" in str(g)
         else:
             np.testing.assert_array_equal(g, w)
+    # controls: another row's audio, or one frame's codes changed, are not equal
+    changed = stage.decode([change_one_frame(tokens[1])], batched=False)[0]
+    assert max_lsb(want[0], want[1]) > 0 and max_lsb(changed, want[1]) > 0

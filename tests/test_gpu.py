@@ -6,6 +6,10 @@ import random
 
 import pytest
 
+import torch
+
+from tests.audio_controls import (assert_written_audio_follows_its_codes, change_codec_frame, change_one_frame,
+                                  codec_stage, longest_row, max_lsb)
 from tests.conftest import TINY, read_manifest, run_cli, write_config, write_jsonl
 
 pytestmark = pytest.mark.gpu
@@ -39,6 +43,10 @@ def test_deterministic_bf16_cuda_is_batch_invariant(tmp_path):
         for m in read_manifest(out):
             for rel in (m["file_name"], m["logprobs_file"]):
                 assert (out / rel).read_bytes() == (base / rel).read_bytes(), (name, rel)
+    # control: the files are their codes' audio (rows alone, as --deterministic decodes them),
+    # and other codes' audio has other bytes
+    stage = codec_stage(TINY, torch.bfloat16, torch.device("cuda"))
+    assert_written_audio_follows_its_codes(stage, base, longest_row(read_manifest(base)))
 
 
 def test_async_matches_sync_on_cuda_bf16(tmp_path, eos_ckpt):
@@ -53,6 +61,9 @@ def test_async_matches_sync_on_cuda_bf16(tmp_path, eos_ckpt):
     for m in read_manifest(s):
         for rel in (m["file_name"], m["logprobs_file"]):
             assert (a / rel).read_bytes() == (s / rel).read_bytes(), rel
+    # control: the files are their codes' audio, and other codes' audio has other bytes
+    stage = codec_stage(eos_ckpt, torch.bfloat16, torch.device("cuda"))
+    assert_written_audio_follows_its_codes(stage, s, longest_row(read_manifest(s)))
 
 
 def test_kv_budget_keeps_room_for_the_widest_prefill_it_measured(tmp_path):
@@ -156,7 +167,11 @@ def _counted_codec_graphs():
         with torch.inference_mode():
             want = codec.decode(torch.from_numpy(codes).to(dev), torch.from_numpy(lengths).to(dev)).cpu()
             got = graphs(torch.from_numpy(codes).pin_memory(), torch.from_numpy(lengths).pin_memory()).cpu()
+            # control: the eager decode with one frame of row 0's codes changed (inside its length)
+            other = codec.decode(change_codec_frame(torch.from_numpy(codes), 0, int(lengths[0]) // 2).to(dev),
+                                 torch.from_numpy(lengths).to(dev)).cpu()
         assert torch.equal(got, want), (codes.shape, float((got - want).abs().max()))
+        assert not torch.equal(got, other), codes.shape
 
     return codec.num_quantizers, calls, check
 
@@ -234,6 +249,9 @@ def test_default_mode_batches_the_codec_within_bf16_rounding(tmp_path):
         got, _ = sf.read(out / m["file_name"], dtype="int16")
         bound = max(1, int(np.abs(alone[torch.bfloat16] - alone[torch.float32]).max()))
         assert np.abs(got.astype(np.int32) - alone[torch.bfloat16]).max() <= bound, m["id"]
+        # control: the row's codes with one frame changed, decoded alone, fail the bound
+        other = runners[torch.bfloat16].decode([change_one_frame(tokens)], batched=False)[0]
+        assert max_lsb(got, other) > bound, (m["id"], max_lsb(got, other), bound)
 
 
 @pytest.mark.parametrize("model_dtype", ["float32", "bfloat16"])
@@ -283,15 +301,13 @@ def test_fused_codec_units_match_the_reference_decode_on_cuda(tmp_path):
     from transformers import HiggsAudioV2TokenizerModel
 
     from omni_cli.runners.higgs_audio_v2.codec import HiggsCodecDecoder, _FusedResidualUnit
-    from tests.tiny_checkpoint import tiny_codec_config
+    from tests.tiny_checkpoint import tiny_codec, tiny_codec_config
 
     cfg = tiny_codec_config()
     cfg.acoustic_model_config.decoder_hidden_size = 512
     torch.manual_seed(0)
-    ref = HiggsAudioV2TokenizerModel(cfg).eval()
-    with torch.no_grad():
-        for q in ref.quantizer.quantizers:  # spread codebooks (their init is zeros)
-            q.codebook.embed.normal_()
+    ref = tiny_codec(cfg)  # its audio the codes drive
+    assert isinstance(ref, HiggsAudioV2TokenizerModel)
     ref.save_pretrained(tmp_path)
     dev = torch.device("cuda")
     codes = torch.randint(0, 1024, (3, 8, 40), generator=torch.Generator().manual_seed(1)).to(dev)
@@ -315,6 +331,15 @@ def test_fused_codec_units_match_the_reference_decode_on_cuda(tmp_path):
         # the decode's bias and residual adds inside its Snakes (_decode_fused) against the
         # modules' forward, which leave them to ATen: the same roundings, so the same bits
         modules = ours.acoustic_decoder(ours.latent(codes))[:, 0].float()
-        print(f"bf16: {err:.1e} off the float32 reference (bound {bound:.1e}), masked row {err_masked:.1e}")
+        # controls: one frame's codes changed (row 0 at frame 20; row 1 at frame 11, inside its
+        # 23) against the same targets, and the masked row against another row alone
+        other = ours.decode(change_codec_frame(change_codec_frame(codes, 0, 20), 1, 11))
+        err_other = (other - want).abs().max() / scale
+        err_masked_other = (other[1, : 23 * ours.hop_length] - alone).abs().max() / scale
+        err_swapped = (masked[1, : 23 * ours.hop_length] - ours.decode(codes[0:1, :, :23])[0]).abs().max() / scale
+        print(f"bf16: {err:.1e} off the float32 reference (bound {bound:.1e}), masked row {err_masked:.1e}; "
+              f"controls: {err_other:.1e}, masked {err_masked_other:.1e}, rows swapped {err_swapped:.1e}")
         assert err <= bound and err_masked <= bound, (err, err_masked, bound)
         assert torch.equal(ours.decode(codes), modules)
+        assert min(err_other, err_masked_other, err_swapped) > bound, (err_other, err_masked_other, err_swapped, bound)
+        assert not torch.equal(other, modules)

@@ -17,6 +17,7 @@ import pytest
 import soundfile as sf
 import torch
 
+from tests.audio_controls import change_one_frame
 from tests.conftest import TINY, read_manifest, run_cli, write_config, write_jsonl
 
 TEXTS = [
@@ -81,6 +82,10 @@ def test_codes_logprobs_audio_match_reference(tmp_path, eos_ckpt, reference_runs
         assert wav.shape == wav_ref.shape
         assert np.abs(wav_ref).max() > 100 / 32767  # enough signal for the bound to mean something
         np.testing.assert_allclose(wav, np.clip(wav_ref, -1, 1), atol=1 / 32767, rtol=0)
+        # control: the reference's decode of these codes with one codec frame changed fails that bound
+        wav_other = ref.decode(torch.from_numpy(change_one_frame(codes_ref))).numpy()
+        with pytest.raises(AssertionError):
+            np.testing.assert_allclose(wav, np.clip(wav_other, -1, 1), atol=1 / 32767, rtol=0)
         # duration: reverted frames x 960 / 24000; the reverted count is the
         # frames strictly between the BOS frame and the all-EOS frame, minus 7
         stopped = bool((codes_ref == 1025).all(axis=1).any())

@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 from omni_cli.runners.sampling.seeds import derive_seed, row_seed
-from tests.conftest import read_manifest, run_cli, write_jsonl
+from tests.audio_controls import assert_written_audio_follows_its_codes, codec_stage, longest_row
+from tests.conftest import TINY, read_manifest, run_cli, write_jsonl
 
 TEXTS = ["Hi.", "The sun rises in the east.", "A longer sentence, to make this prompt longer than the rest.",
          "Medium length prompt!", "Five.", "Sixth row of the batch here.", "Seven", "Eighth and last prompt, longest of all of them."]
@@ -65,6 +66,8 @@ def test_same_seed_same_bytes_across_batching_order_and_alone(tmp_path):
         for name, out in runs.items():
             assert _files(out, rid) == _files(base, rid), (rid, name)
     assert _files(alone, "r5") == _files(base, "r5")
+    # control: the files are their codes' audio, and other codes' audio has other bytes
+    assert_written_audio_follows_its_codes(codec_stage(TINY), base, longest_row(read_manifest(base)))
     # the manifest records every effective seed, derived from (run seed, id)
     assert seeds == {r["id"]: row_seed(None, 11, r["id"]) for r in rows}
 
@@ -79,6 +82,8 @@ def test_default_mode_keeps_codes_and_audio_across_batch_sizes(tmp_path):
         np.testing.assert_array_equal(za["tokens"], zb["tokens"])
         np.testing.assert_allclose(za["logprobs"], zb["logprobs"], atol=1e-4)
         assert (a / f"audio/{r['id']}.wav").read_bytes() == (b / f"audio/{r['id']}.wav").read_bytes()
+    # control: the files are their codes' audio, and other codes' audio has other bytes
+    assert_written_audio_follows_its_codes(codec_stage(TINY), a, longest_row(read_manifest(a)))
 
 
 def test_different_seeds_differ(tmp_path):

@@ -15,6 +15,7 @@ from omni_cli.runners.prompt_input import PromptInput
 from omni_cli.runners.sampling.params import SamplingParams
 from omni_cli.scheduler import Request, Scheduler
 from omni_cli.warmup import warm_up_lm
+from tests.audio_controls import change_one_frame, max_lsb
 from tests.test_async import TEXTS, _tiny_model, _tiny_runner
 
 PARAMS = SamplingParams(temperature=0.9, top_k=50, repetition_penalty=1.3, ras_win_len=4, max_new_frames=40)
@@ -50,8 +51,13 @@ def test_warm_up_reaches_every_bucket_and_changes_no_output(tmp_path, eos_ckpt, 
         np.testing.assert_array_equal(a.frames.array, b.frames.array)
         np.testing.assert_array_equal(a.logprobs.array, b.logprobs.array)
     tokens = [r.frames.array for r in got]
-    for a, b in zip(warmed_model.codec.decode(tokens, batched=False), cold_model.codec.decode(tokens, batched=False)):
+    warm_audio = warmed_model.codec.decode(tokens, batched=False)
+    for a, b in zip(warm_audio, cold_model.codec.decode(tokens, batched=False)):
         np.testing.assert_array_equal(a, b)
+    # control: the cold codec's audio of one row's codes with one frame changed is not equal
+    row = max(range(len(tokens)), key=lambda i: len(tokens[i]))
+    changed = cold_model.codec.decode([change_one_frame(tokens[row])], batched=False)[0]
+    assert max_lsb(changed, warm_audio[row]) > 0
 
 
 def test_warm_up_prefills_the_queued_rows_prompts(tmp_path, eos_ckpt):

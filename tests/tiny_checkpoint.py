@@ -17,9 +17,11 @@ this module is test/dev tooling and is never imported by the runtime.
 from __future__ import annotations
 
 import argparse
+import math
 from pathlib import Path
 
 import torch
+import torch.nn as nn
 
 from tests import torchaudio_standin
 
@@ -149,6 +151,58 @@ def tiny_codec_config() -> HiggsAudioV2TokenizerConfig:
     )
 
 
+# rms of drive_by_codes' audio on random codes: its peaks stay near 0.3, far from int16's clip
+CODEC_AUDIO_RMS = 0.05
+
+
+def drive_by_codes(codec: HiggsAudioV2TokenizerModel) -> HiggsAudioV2TokenizerModel:
+    """Re-initialise ``codec``'s decode path (RVQ codebooks and project_out, fc2, the DAC
+    decoder) from the global RNG so its audio comes from the codes; returns ``codec``.
+
+    transformers' init (std 0.02 weights, zero codebooks) leaves every layer's gain far
+    below one: the audio is then its biases, and decoding other codes changes a few LSBs
+    (issue 31). Here each layer keeps the signal near unit rms (std 1 / sqrt(fan-in)),
+    a residual unit's 1x1 output only adds to the stream (gain 0.3, so five blocks of
+    three units grow it a few times, not hundreds: the Snakes' sin stays well-conditioned
+    in 16-bit), biases are small but non-zero and Snake alphas differ per channel (so a
+    kernel that dropped or misindexed either fails the parity tests), and the last
+    convolution is scaled so random codes decode at CODEC_AUDIO_RMS.
+    Only the decode path changes; the encoder and semantic parts keep transformers' init.
+    """
+    n_q = len(codec.quantizer.quantizers)
+    with torch.no_grad():
+        for q in codec.quantizer.quantizers:
+            q.codebook.embed.normal_()  # released codebooks are trained, never zero
+            q.project_out.weight.normal_(0.0, 1.0 / math.sqrt(q.project_out.in_features * n_q))  # sum of n_q: rms ~1
+            q.project_out.bias.normal_(0.0, 0.1)
+        layers = [codec.fc2] + [m for m in codec.acoustic_decoder.modules()
+                                if isinstance(m, (nn.Conv1d, nn.ConvTranspose1d))]
+        for m in layers:
+            w = m.weight
+            if isinstance(m, nn.ConvTranspose1d):  # [in, out, k]: each output reads in * k / stride taps
+                fan_in = w.shape[0] * w.shape[2] / m.stride[0]
+            else:
+                fan_in = w[0].numel()
+            gain = 0.3 if isinstance(m, nn.Conv1d) and m.kernel_size[0] == 1 else 1.0
+            w.normal_(0.0, gain / math.sqrt(fan_in))
+            m.bias.normal_(0.0, 0.1)
+        for name, p in codec.acoustic_decoder.named_parameters():
+            if name.endswith("alpha"):
+                p.uniform_(0.5, 1.5)
+        g = torch.Generator().manual_seed(0)  # calibration codes; leaves the global RNG to the caller
+        codes = torch.randint(0, codec.config.codebook_size, (2, n_q, 25), generator=g)
+        rms = codec.decode(codes).audio_values.float().pow(2).mean().sqrt()
+        head = codec.acoustic_decoder.conv2
+        head.weight.mul_(CODEC_AUDIO_RMS / rms)
+        head.bias.mul_(CODEC_AUDIO_RMS / rms)
+    return codec
+
+
+def tiny_codec(config: HiggsAudioV2TokenizerConfig | None = None) -> HiggsAudioV2TokenizerModel:
+    """A random codec (global RNG) whose audio the codes drive: what every tiny checkpoint ships."""
+    return drive_by_codes(HiggsAudioV2TokenizerModel(config or tiny_codec_config()).eval())
+
+
 def build(out: Path, seed: int = 0, eos_boost: tuple[int, float] | None = None) -> Path:
     """Write model/ and codec/ under ``out``; returns ``out``.
 
@@ -182,10 +236,7 @@ def build(out: Path, seed: int = 0, eos_boost: tuple[int, float] | None = None) 
     tokenizer.save_pretrained(out / "model")
 
     torch.manual_seed(seed + 2)
-    codec = HiggsAudioV2TokenizerModel(tiny_codec_config()).eval()
-    with torch.no_grad():
-        for q in codec.quantizer.quantizers:
-            q.codebook.embed.normal_()  # released codebooks are trained, never zero
+    codec = tiny_codec()
     codec.save_pretrained(out / "codec")
     return out
 

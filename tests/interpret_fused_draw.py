@@ -68,7 +68,7 @@ def _subset_case(g: torch.Generator, vocab: int, parts: list[int], fused_draw_ro
     """Eight streams a request drawn as the sub-steps `parts` (stream counts, in order) against one full draw."""
     streams = 8
     scores, slots, steps, tables, hist_full = _inputs(g, streams, vocab)
-    keep = torch.tensor([0, 1, 2, 5, len(slots) - 1])  # a few requests (the interpreter is slow), one with ties
+    keep = torch.tensor([0, len(slots) - 1])  # two requests (the interpreter is slow), the second with ties
     scores = scores.view(len(slots), streams, vocab)[keep].reshape(-1, vocab)
     slots, steps = slots[keep], steps[keep]
     full_tok, full_lp = fused_draw_rows(scores, slots, steps, tables, streams, hist_full)

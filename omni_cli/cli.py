@@ -132,6 +132,23 @@ def generate(
         raise typer.Exit(1)
 
 
+@app.command(epilog="Exit codes: 0 every row valid; 2 a row or the config has a problem, or the file cannot be read.")
+def validate(
+    prompts: str = typer.Argument(..., metavar="PROMPTS", help="Prompt file (.jsonl, .json, .csv or text lines), "
+                                  "or - for stdin."),
+    model: Optional[str] = typer.Option(None, "--model", help="Model config: a YAML path or a name in configs/."),
+) -> None:
+    """Check every row as omni generate would, without loading the model; print each problem."""
+    from omni_cli.validate import run_validate
+
+    bad = _run(lambda: run_validate(prompts, model))
+    for r in bad:
+        typer.echo(f"id {r.id!r}: {r.error}")
+    typer.echo(f"omni: {len(bad)} invalid rows" if bad else "omni: every row is valid", err=True)
+    if bad:
+        raise typer.Exit(2)
+
+
 @app.command()
 def verify(
     out: Path = typer.Argument(..., help="An output folder of `omni generate`."),

@@ -30,6 +30,7 @@ from omni_cli.runners.family import LoadSpec, ModelFamily, PromptFieldError, fam
 from omni_cli.runners.sampling.params import FIELD_NAMES, SamplingParams
 from omni_cli.runners.sampling.seeds import row_seed
 from omni_cli.scheduler import Request, Scheduler
+from omni_cli.validate import check_out_writable, check_run
 from omni_cli.warmup import warm_up_lm
 
 
@@ -73,6 +74,8 @@ def run_generate(opts: GenerateOptions) -> RunSummary:
     check_out_dir(opts.out, opts.overwrite)
     t["read"] = time.perf_counter()
     family = family_class(config.family, config.path)  # the family's imports
+    check_out_writable(opts.out)
+    check_run(rows, base_params, config, family.limits(config.checkpoint), opts.fmt)  # nothing loaded yet
     t["family"] = time.perf_counter()
     model = family.load(_load_spec(config, opts))
     t["loaded"] = time.perf_counter()
@@ -172,7 +175,8 @@ def _queue(rows: list[PromptRow], model: ModelFamily, config: ModelConfig, base_
         try:
             scheduler.add(req)
         except ValueError as e:
-            rejected.append((r, str(RowError(r.row, "max_new_frames", str(e)))))
+            field = "text" if len(prompt) >= config.max_seq_len else "max_new_frames"  # the prompt alone is too long
+            rejected.append((r, str(RowError(r.row, field, str(e)))))
             continue
         queued[r.id] = (r, system, req)
     rejected.sort(key=lambda x: x[0].row)

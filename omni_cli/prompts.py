@@ -46,7 +46,7 @@ def _check_row(row: int, data: dict[str, Any]) -> PromptRow:
     if isinstance(rid, bool) or not isinstance(rid, (str, int)):
         raise RowError(row, "id", f"must be a string or an integer, got {rid!r}")
     rid = str(rid)
-    if not _ID_RE.match(rid):
+    if not _ID_RE.fullmatch(rid):  # fullmatch: `$` would let a trailing newline through
         raise RowError(row, "id", f"{rid!r} is not a usable file name (letters, digits, '.', '_', '-'; up to 200)")
     out = PromptRow(row=row, id=rid)
     text = data.get("text")
@@ -58,6 +58,10 @@ def _check_row(row: int, data: dict[str, Any]) -> PromptRow:
         if value is not None and not isinstance(value, str):
             raise RowError(row, key, f"must be a string, got {value!r}")
         setattr(out, key, value)
+    for key in ("text", "scene", "system"):
+        value = data.get(key)
+        if value is not None and (bad := _unencodable(value)):
+            raise RowError(row, key, bad)
     if data.get("seed") is not None:
         try:
             out.seed = check_seed(data["seed"])
@@ -72,6 +76,23 @@ def _check_row(row: int, data: dict[str, Any]) -> PromptRow:
     return out
 
 
+def _unencodable(value: str) -> str | None:
+    """Why a string cannot reach the tokenizer (a lone surrogate, a NUL), or None."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as e:
+        return f"holds a character that is not valid Unicode text ({value[e.start]!r} at {e.start})"
+    if "\x00" in value:
+        return f"holds a NUL character at {value.index(chr(0))}"
+    return None
+
+
+def _lines(text: str) -> list[str]:
+    """Physical lines: split on \n only (str.splitlines also splits inside a JSON string at
+    U+2028 and friends), a trailing \r dropped, so row numbers are the file's line numbers."""
+    return [line[:-1] if line.endswith("\r") else line for line in text.split("\n")]
+
+
 def _parse(row: int, fallback_id: str, parse) -> PromptRow:
     """Validate one row; an invalid row keeps its own id when that id is usable."""
     data = None
@@ -80,13 +101,16 @@ def _parse(row: int, fallback_id: str, parse) -> PromptRow:
         return _check_row(row, data)
     except RowError as e:
         rid = data.get("id") if isinstance(data, dict) else None
-        usable = isinstance(rid, (str, int)) and not isinstance(rid, bool) and _ID_RE.match(str(rid))
-        return PromptRow(row=row, id=str(rid) if usable else fallback_id, error=str(e))
+        usable = isinstance(rid, (str, int)) and not isinstance(rid, bool) and _ID_RE.fullmatch(str(rid))
+        # a failed row keeps its input, what is not valid Unicode written as escapes
+        kept = {k: data[k].encode("utf-8", "backslashreplace").decode("utf-8") for k in ("text", "scene", "system")
+                if isinstance(data, dict) and isinstance(data.get(k), str)}
+        return PromptRow(row=row, id=str(rid) if usable else fallback_id, error=str(e), **kept)
 
 
 def _jsonl_rows(text: str) -> list[PromptRow]:
     rows = []
-    for n, line in enumerate(text.splitlines(), start=1):
+    for n, line in enumerate(_lines(text), start=1):
         if not line.strip():
             continue
 
@@ -107,9 +131,26 @@ def _text_rows(text: str) -> list[PromptRow]:
     # one prompt a line; the id is the line number
     return [
         _parse(n, str(n), lambda line=line, n=n: {"id": n, "text": line})
-        for n, line in enumerate(text.splitlines(), start=1)
+        for n, line in enumerate(_lines(text), start=1)
         if line.strip()
     ]
+
+
+def _json_array_rows(text: str, source: str) -> list[PromptRow]:
+    """A .json file holding an array of row objects; a row's number is its place in the array."""
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise OmniError(f"{source} is not valid JSON: {e.msg} at line {e.lineno}, column {e.colno}") from None
+    if not isinstance(data, list):
+        raise OmniError(f"{source}: a .json prompt file must hold an array of row objects (JSONL: one object a line)")
+
+    def parse(item, n):
+        if not isinstance(item, dict):
+            raise RowError(n, None, "must be a JSON object")
+        return item
+
+    return [_parse(n, f"row-{n}", lambda item=item, n=n: parse(item, n)) for n, item in enumerate(data, start=1)]
 
 
 def _csv_rows(text: str) -> list[PromptRow]:
@@ -147,31 +188,63 @@ def _csv_rows(text: str) -> list[PromptRow]:
     return rows
 
 
-def read_prompts(source: str) -> list[PromptRow]:
-    """Read a prompt file by extension (.jsonl/.ndjson, .csv, else text), or '-' for stdin.
+def _decode(data: bytes, source: str) -> str:
+    """UTF-8 (a leading byte-order mark dropped), or an error naming the line of the first bad byte."""
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = data[: e.start].count(b"\n") + 1
+        name = "stdin" if source == "-" else source
+        raise OmniError(f"{name} is not UTF-8 text: byte {data[e.start]:#04x} at line {line}") from None
+    return text[1:] if text.startswith("\ufeff") else text
 
-    stdin is JSONL when its first non-blank line starts with '{', else text lines.
-    Duplicate ids fail the later rows: two rows must never write one file.
+
+def _sniff(text: str) -> str:
+    """The kind of an input without a telling extension, from its first non-blank line."""
+    first = next((ln.strip() for ln in _lines(text) if ln.strip()), "")
+    if first.startswith("{"):
+        return ".jsonl"
+    if first.startswith("["):
+        return ".json"
+    if "," in first and "text" in [c.strip().strip('"') for c in next(csv.reader([first]))]:
+        return ".csv"
+    return ".txt"
+
+
+def read_prompts(source: str) -> list[PromptRow]:
+    """Read a prompt file by extension (.jsonl/.ndjson, .json array, .csv, else text lines), or
+    '-', /dev/stdin or a pipe such as <(cmd), whose kind is told from its content.
+
+    Content is sniffed (no extension to go by): JSONL when the first non-blank line starts
+    with '{', a JSON array with '[', CSV when that line is a header with a 'text' column,
+    else text lines. Duplicate ids fail the later rows: two rows must never write one file.
     """
     if source == "-":
-        text = sys.stdin.read()
-        first = next((ln for ln in text.splitlines() if ln.strip()), "")
-        rows = _jsonl_rows(text) if first.lstrip().startswith("{") else _text_rows(text)
+        stream = sys.stdin  # bytes where it has them: a text wrapper would fail on bad bytes itself
+        data = stream.buffer.read() if hasattr(stream, "buffer") else stream.read().encode("utf-8", "surrogatepass")
+        suffix = ""
     else:
         path = Path(source)
-        if not path.is_file():
+        if not path.exists():
             raise OmniError(f"prompt file {source} does not exist")
+        if path.is_dir():
+            raise OmniError(f"prompt file {source} is a folder")
         try:
-            text = path.read_text(encoding="utf-8")
-        except UnicodeDecodeError as e:
-            raise OmniError(f"prompt file {source} is not UTF-8 text: {e}") from None
-        suffix = path.suffix.lower()
-        if suffix in (".jsonl", ".ndjson"):
-            rows = _jsonl_rows(text)
-        elif suffix == ".csv":
-            rows = _csv_rows(text)
-        else:
-            rows = _text_rows(text)
+            data = path.read_bytes()  # a pipe (/dev/stdin, <(cmd)) reads like a file
+        except OSError as e:
+            raise OmniError(f"prompt file {source} cannot be read: {e}") from None
+        suffix = path.suffix.lower() if path.is_file() else ""
+    text = _decode(data, source)
+    if suffix not in (".jsonl", ".ndjson", ".json", ".csv", ".txt") and not (suffix and Path(source).is_file()):
+        suffix = _sniff(text)
+    if suffix in (".jsonl", ".ndjson"):
+        rows = _jsonl_rows(text)
+    elif suffix == ".json":
+        rows = _json_array_rows(text, source)
+    elif suffix == ".csv":
+        rows = _csv_rows(text)
+    else:
+        rows = _text_rows(text)
     seen: dict[str, int] = {}
     for r in rows:
         if r.error is None:

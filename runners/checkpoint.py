@@ -37,6 +37,22 @@ def resolve_folder(spec: str, what: str) -> Path:
         raise OmniError(f"{what} {spec!r}: not a local folder, and the hub download failed: {e}") from None
 
 
+def resolve_file(spec: str, name: str, what: str) -> Path:
+    """One file of a local folder or a hub repository (only that file is downloaded)."""
+    local = Path(spec)
+    if local.is_dir():
+        path = local / name
+        if not path.is_file():
+            raise OmniError(f"{what} {spec!r}: no {name} in that folder")
+        return path
+    try:
+        from huggingface_hub import hf_hub_download
+
+        return Path(hf_hub_download(spec, name))
+    except Exception as e:  # offline, unknown repo, auth: all are the user's to fix
+        raise OmniError(f"{what} {spec!r}: not a local folder, and the hub download of {name} failed: {e}") from None
+
+
 def read_safetensors(folder: Path, prefixes: tuple[str, ...] | None = None) -> dict[str, torch.Tensor]:
     """All tensors of every *.safetensors file in ``folder`` (sharded or not).
 

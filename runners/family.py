@@ -56,6 +56,16 @@ class LoadSpec:
     raw_logprobs: bool = False  # also report the unprocessed model logprobs
 
 
+@dataclass(frozen=True)
+class FamilyLimits:
+    """What a family's checkpoint allows, read from its config alone (no weights): rows and flags
+    are checked against it before anything loads."""
+
+    num_streams: int  # sampled entries a frame
+    vocab_size: int  # entries a stream samples from, control ids included
+    control_ids: tuple[int, ...]  # ids the model forces itself (Higgs: stream BOS/EOS), never suppressed
+
+
 class PromptFieldError(ValueError):
     """A row field the family cannot build a prompt from: (field, message)."""
 
@@ -99,6 +109,11 @@ class ModelFamily(abc.ABC):
     @abc.abstractmethod
     def load(cls, spec: LoadSpec) -> "ModelFamily":
         """Weights, codec, KV cache and engine on spec.device; the tokenizer."""
+
+    @classmethod
+    @abc.abstractmethod
+    def limits(cls, checkpoint: str) -> FamilyLimits:
+        """The checkpoint's limits from its config file alone: validation reads no weights."""
 
     @property
     def num_slots(self) -> int:

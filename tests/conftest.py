@@ -69,7 +69,8 @@ def write_jsonl(path: Path, rows: list[dict]) -> Path:
 def read_manifest(out: Path) -> list[dict]:
     import json
 
-    return [json.loads(line) for line in (out / "metadata.jsonl").read_text().splitlines()]
+    # split on \n only: a row's text may hold U+2028, which str.splitlines also splits at
+    return [json.loads(line) for line in (out / "metadata.jsonl").read_text(encoding="utf-8").split("\n") if line]
 
 
 def load_family(config, dtype=None, device=None, raw_logprobs: bool = False):

@@ -9,9 +9,9 @@ import numpy as np
 import torch
 
 from ..budget import KVShape, build_engine
-from ..checkpoint import resolve_folder, stream_into
+from ..checkpoint import resolve_file, resolve_folder, stream_into
 from ..codec_stage import CodecStage
-from ..family import LoadSpec, ModelFamily, PromptFieldError
+from ..family import FamilyLimits, LoadSpec, ModelFamily, PromptFieldError
 from ..prompt_input import PromptInput
 from .codec import HiggsCodecDecoder
 from .config import HiggsConfig
@@ -112,6 +112,12 @@ class HiggsAudioV2(ModelFamily):
         family.kv_budget = budget
         family.load_phases = laps.done
         return family
+
+    @classmethod
+    def limits(cls, checkpoint: str) -> FamilyLimits:
+        cfg = HiggsConfig.from_file(resolve_file(checkpoint, "config.json", "checkpoint"))
+        return FamilyLimits(num_streams=cfg.num_codebooks, vocab_size=cfg.codebook_size,
+                            control_ids=(cfg.audio_stream_bos_id, cfg.audio_stream_eos_id))
 
     def render_prompt(self, text: str, system: str, scene: str | None) -> str:
         try:

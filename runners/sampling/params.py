@@ -6,6 +6,7 @@ prompt rows, so a value is checked the same way wherever it comes from.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, fields, replace
 from typing import Any
 
@@ -59,13 +60,20 @@ def _is_number(v: Any) -> bool:
     return (isinstance(v, (int, float))) and not isinstance(v, bool)
 
 
-# field -> (kind, valid range, what the message asks for)
+# Bounds past which the arithmetic stops meaning anything: scores / temperature and a penalty's
+# division or product overflow float32 (inf, then NaN logprobs) long before float64 would.
+MAX_TEMPERATURE = 100.0
+PENALTY_RANGE = (1e-2, 1e2)
+
+# field -> (kind, valid range, what the message asks for); every number must also be finite
 _RULES: dict[str, tuple[type, Any, str]] = {
-    "temperature": (float, lambda v: v >= 0, "a number >= 0 (0 means greedy)"),
+    "temperature": (float, lambda v: 0 <= v <= MAX_TEMPERATURE,
+                    f"a number >= 0 and <= {MAX_TEMPERATURE:g} (0 means greedy)"),
     "top_k": (int, lambda v: v >= 0, "an integer >= 0 (0 disables)"),
     "top_p": (float, lambda v: 0 < v <= 1, "a number in (0, 1]"),
     "min_p": (float, lambda v: 0 <= v < 1, "a number in [0, 1)"),
-    "repetition_penalty": (float, lambda v: v > 0, "a number > 0 (1 disables)"),
+    "repetition_penalty": (float, lambda v: PENALTY_RANGE[0] <= v <= PENALTY_RANGE[1],
+                           f"a number > 0, from {PENALTY_RANGE[0]:g} to {PENALTY_RANGE[1]:g} (1 disables)"),
     "ras_win_len": (int, lambda v: v >= 0, "an integer >= 0 (0 disables)"),
     "ras_win_max_num_repeat": (int, lambda v: v >= 1, "an integer >= 1"),
     "max_new_frames": (int, lambda v: v >= 1, "an integer >= 1"),
@@ -82,10 +90,32 @@ def check_field(name: str, value: Any) -> Any:
     if name not in _RULES:
         raise ValueError(f"unknown sampling field {name!r}")
     kind, ok, wanted = _RULES[name]
-    typed = _is_int(value) if kind is int else _is_number(value) and value == value  # NaN fails
+    typed = _is_int(value) if kind is int else _is_number(value) and math.isfinite(value)  # NaN, inf fail
     if not typed or not ok(value):
         raise ValueError(f"must be {wanted}, got {value!r}")
     return kind(value)
+
+
+def limit_problems(params: "SamplingParams", vocab_size: int, control_ids: tuple[int, ...],
+                   max_seq_len: int) -> list[tuple[str, str]]:
+    """(field, reason) for each value a model of this vocabulary and context cannot run: ids
+    outside the vocabulary (an index error on the device), control ids (suppressing one breaks
+    the frames the model forces, e.g. the stream-BOS ramp), windows and lengths past the context
+    (a RAS window is allocated per row)."""
+    out = []
+    bad = [t for t in params.suppress_tokens if t >= vocab_size]
+    if bad:
+        out.append(("suppress_tokens", f"ids {bad} are outside the model's {vocab_size} codes"))
+    forced = [t for t in params.suppress_tokens if t in control_ids]
+    if forced:
+        out.append(("suppress_tokens", f"ids {forced} are control ids the model forces (stream BOS/EOS); "
+                                       "suppressing them breaks the frames it must emit"))
+    if params.ras_win_len > max_seq_len:
+        out.append(("ras_win_len", f"{params.ras_win_len} frames is longer than the context (max_seq_len "
+                                   f"{max_seq_len})"))
+    if params.max_new_frames > max_seq_len:
+        out.append(("max_new_frames", f"{params.max_new_frames} frames do not fit max_seq_len {max_seq_len}"))
+    return out
 
 
 def check_seed(value: Any) -> int:

@@ -1,0 +1,68 @@
+"""What is checked before a model loads: every row, the run's flags, the output format.
+
+The model's limits come from its checkpoint's config alone (ModelFamily.limits), so a
+value the device cannot run (a token id outside the vocabulary, a window past the context)
+is found here, named with its row and field, and never reaches the device. `omni validate`
+runs the same checks and prints every problem without loading anything.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from omni_cli.config import ModelConfig, load_config
+from omni_cli.errors import OmniError, RowError
+from omni_cli.output import FORMATS
+from omni_cli.prompts import PromptRow, read_prompts
+from omni_cli.runners.family import FamilyLimits, family_class
+from omni_cli.runners.sampling.params import SamplingParams, limit_problems
+
+
+def check_rows(rows: list[PromptRow], base_params: SamplingParams, config: ModelConfig,
+               limits: FamilyLimits) -> None:
+    """Give each valid row whose sampling values (its own over the run's) the model cannot run
+    its error, naming the row and the field."""
+    for r in rows:
+        if r.error is not None:
+            continue
+        params = base_params.with_overrides(**r.overrides)
+        try:
+            params.check_consistent()
+            problems = limit_problems(params, limits.vocab_size, limits.control_ids, config.max_seq_len)
+        except ValueError as e:
+            problems = [("min_new_frames", str(e))]
+        if problems:
+            field, reason = problems[0]
+            r.error = str(RowError(r.row, field, reason))
+
+
+def check_run(rows: list[PromptRow], base_params: SamplingParams, config: ModelConfig, limits: FamilyLimits,
+              fmt: str) -> None:
+    """The run's own values (the YAML's and the flags') against the model's limits, and the
+    output format: an OmniError (exit 2) before anything loads. Then each row's."""
+    if fmt not in FORMATS:
+        raise OmniError(f"--format must be one of {', '.join(FORMATS)}, got {fmt!r}")
+    for field, reason in limit_problems(base_params, limits.vocab_size, limits.control_ids, config.max_seq_len):
+        raise OmniError(f"--{field.replace('_', '-')} (or the config's sampling.{field}): {reason}")
+    check_rows(rows, base_params, config, limits)
+
+
+def check_out_writable(out: Path) -> None:
+    """The output folder, or the nearest folder above it that exists, must be writable."""
+    probe = out
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent
+    if probe.exists() and not probe.is_dir():
+        raise OmniError(f"{probe} exists and is not a folder")
+    if not os.access(probe, os.W_OK | os.X_OK):
+        raise OmniError(f"cannot write into {probe}: permission denied")
+
+
+def run_validate(prompts: str, model: str | None) -> list[PromptRow]:
+    """Every row of ``prompts`` checked as `omni generate` checks it before loading; the bad ones."""
+    config = load_config(model)
+    rows = read_prompts(prompts)
+    limits = family_class(config.family, config.path).limits(config.checkpoint)
+    check_run(rows, config.sampling, config, limits, "wav")
+    return [r for r in rows if r.error is not None]

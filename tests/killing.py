@@ -7,7 +7,8 @@ OMNI_TEST_KILL:
   mid:N         SIGKILL after the N-th row's files and manifest line were written
   rewrite       SIGKILL during the final manifest rewrite (its temporary half written)
   term:N        SIGTERM after the N-th row was written (the run's own handler takes it)
-  term2:N       two SIGTERMs there: the second exits at once
+  term2:N       SIGTERM and SIGINT there (the same signal twice would merge into one while
+                pending): the second handled exits at once
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ def _install(spec: str) -> None:
                 if count[0] == int(n):
                     os.kill(os.getpid(), sig)
                     if mode == "term2":
-                        os.kill(os.getpid(), sig)
+                        os.kill(os.getpid(), signal.SIGINT)
 
         results.RowResults._write = counting_write
     elif mode == "rewrite":

@@ -96,7 +96,7 @@ def test_second_sigterm_exits_at_once_without_corrupting_files(reference, tmp_pa
     prompts, expected = reference
     out = tmp_path / "out"
     res = omni("generate", prompts, "-o", out, *FLAGS, kill="term2:3")
-    assert res.returncode == 143, res.stderr
+    assert res.returncode in (130, 143), res.stderr
     assert not (out / "run.json").exists()  # it left at once: the first signal's finishing never ran
     for r in loadable(out):  # every row the manifest calls ok has its whole files
         if r["status"] == "ok":

@@ -205,6 +205,9 @@ def _record_unfinished(results: RowResults, queued: dict, interrupted: bool, fau
     for rid, (row, system, req, _) in queued.items():
         if req.finish_reason is None:
             results.fail(row.row, rid, input_fields(row, system), error, status=status)
+        elif not results.writer.has_row(row.row):  # finished, but its write never came (a bug in a thread)
+            results.fail(row.row, rid, input_fields(row, system), error.replace("not finished", "not written"),
+                         status=status)
 
 
 def _model_identity(config: ModelConfig, spec: LoadSpec, opts: GenerateOptions) -> dict:

@@ -182,6 +182,10 @@ class OutputWriter:
         self.add_row(row, {"file_name": f"audio/{rid}.{self.fmt}", "id": rid, "status": status, "row": row,
                            **fields, "error": error})
 
+    def has_row(self, row: int) -> bool:
+        with self._lock:
+            return row in self._lines
+
     def close(self) -> None:
         """Rewrite the manifest in input order."""
         with self._lock:

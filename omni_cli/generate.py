@@ -33,7 +33,7 @@ from omni_cli.runners.family import LoadSpec, ModelFamily, PromptFieldError, fam
 from omni_cli.runners.sampling.params import FIELD_NAMES, SamplingParams
 from omni_cli.runners.sampling.seeds import row_seed
 from omni_cli.scheduler import Request, Scheduler
-from omni_cli.signals import Interrupted, SignalGuard, exit_code
+from omni_cli.signals import SignalGuard, exit_code
 from omni_cli.warmup import warm_up_lm
 
 # exit codes (cli.py's --help and README's table say the same)
@@ -115,12 +115,7 @@ def _run(opts: GenerateOptions, config: ModelConfig, base_params: SamplingParams
     scheduler = Scheduler(model.num_slots, config.max_seq_len)  # the budget may grant fewer slots
     queued, rejected, kept, changed = _queue(rows, model, config, base_params, opts.seed, scheduler,
                                              identity, earlier, opts.out)
-    out_line = None
-    if opts.jsonl_stdout:
-        def out_line(line: str) -> None:
-            sys.stdout.write(line)
-            sys.stdout.flush()
-    writer = OutputWriter(opts.out, opts.fmt, model.sample_rate, kept, out_line)
+    writer = OutputWriter(opts.out, opts.fmt, model.sample_rate, kept, _stdout_line if opts.jsonl_stdout else None)
     progress = Progress(len(rows) - len(kept), opts.quiet)
     results = RowResults(writer, progress, model.real_code_mask, opts.quiet)
     results.rows = queued
@@ -190,6 +185,12 @@ def _run(opts: GenerateOptions, config: ModelConfig, base_params: SamplingParams
         code = EXIT_ROWS_FAILED
     return RunSummary(total=len(rows), ok=results.ok + len(kept), failed=results.failed,
                       interrupted=interrupted, exit_code=code)
+
+
+def _stdout_line(line: str) -> None:
+    """--jsonl-stdout: one manifest line, whole and flushed (the writer's lock keeps lines apart)."""
+    sys.stdout.write(line)
+    sys.stdout.flush()
 
 
 def _record_unfinished(results: RowResults, queued: dict, interrupted: bool, fault, stop, opts) -> None:

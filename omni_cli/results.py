@@ -55,14 +55,21 @@ class RowResults:
     def _write(self, req: Request, tokens: np.ndarray, samples) -> None:
         row, system, _, digest = self.rows[req.rid]
         if isinstance(samples, Exception):
-            self.fail(row.row, req.rid, input_fields(row, system), f"row {row.row}: decoding its audio failed: {samples}")
+            self.fail(row.row, req.rid, input_fields(row, system),
+                      f"row {row.row}: decoding its audio failed: {samples}")
+            return
+        logprobs = req.logprobs.array
+        if not np.isfinite(logprobs).all():  # garbage, not a result: a sampling value past what float32 holds
+            self.fail(row.row, req.rid, input_fields(row, system),
+                      f"row {row.row}: its logprobs are not finite (NaN or infinite): a sampling value "
+                      f"(temperature, repetition_penalty) outside what the model's arithmetic holds")
             return
         t_write = time.perf_counter()
         meta = {"row": row.row, "text": row.text, "scene": row.scene, "system": system, "seed": req.seed,
                 "finish_reason": req.finish_reason, **req.params.as_record(), "row_hash": digest}
         try:
             raw = req.raw_logprobs.array if len(req.raw_logprobs) else None
-            record = self.writer.write_ok(row.row, req.rid, samples, tokens, req.logprobs.array,
+            record = self.writer.write_ok(row.row, req.rid, samples, tokens, logprobs,
                                           self._real_code_mask(tokens), meta, raw)
         except Exception as e:  # noqa: BLE001  (a full disk, a bad value: this row only)
             self.fail(row.row, req.rid, input_fields(row, system),

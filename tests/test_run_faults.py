@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import json
-import math
 
 import numpy as np
 
@@ -94,16 +93,20 @@ def test_manifest_is_strict_json():
     assert sorted(row["nonfinite"]) == ["mean_logprob", "w[1]"]
 
 
-def test_hostile_sampling_values_leave_a_strict_manifest(tmp_path):
+def test_hostile_sampling_values_fail_their_rows_and_leave_a_strict_manifest(tmp_path):
     prompts = write_jsonl(tmp_path / "p.jsonl", [{"id": "hot", "text": "hi", "temperature": 1e308},
-                                                 {"id": "pen", "text": "hi", "repetition_penalty": 1e-300}])
+                                                 {"id": "pen", "text": "hi", "repetition_penalty": 1e-300},
+                                                 {"id": "pen2", "text": "hi", "repetition_penalty": 1e300},
+                                                 {"id": "fine", "text": "hi"}])
     out = tmp_path / "out"
-    run_cli("generate", prompts, "-o", out, *FAST, "-q")  # failed or ok: the manifest stays JSON
+    res = run_cli("generate", prompts, "-o", out, *FAST, "-q")
+    assert res.exit_code == 1
     rows = strict_rows(out)
-    assert [r["id"] for r in rows] == ["hot", "pen"]
-    for r in rows:
-        for v in r.values():
-            assert not (isinstance(v, float) and not math.isfinite(v))
+    assert [(r["id"], r["status"]) for r in rows] == [("hot", "failed"), ("pen", "failed"), ("pen2", "failed"),
+                                                      ("fine", "ok")]  # never garbage marked ok
+    for i, r in enumerate(rows[:3], 1):
+        assert f"row {i}" in r["error"]
+    assert np.isfinite(np.load(out / rows[3]["logprobs_file"])["logprobs"]).all()
 
 
 def test_max_failures_quiet_and_kept_input(tmp_path):

@@ -1,7 +1,8 @@
 """The `omni` command line: thin Typer commands over the run functions.
 
 Exit codes: 0 every row ok; 1 some rows failed (the others were written);
-2 bad usage, config or input file (nothing generated); 130 interrupted.
+2 bad usage, config or input file (nothing generated); 3 the run itself failed;
+130 interrupted (SIGINT), 143 terminated (SIGTERM).
 Import-light: torch and the run code load inside the commands, never for --help.
 """
 
@@ -17,8 +18,11 @@ from typer.core import TyperCommand
 from omni_cli import __version__
 from omni_cli.errors import OmniError
 
-EXIT_CODES = ("Exit codes: 0 every row ok; 1 some rows failed (the others were written); "
-              "2 bad usage, config or input file; 130 interrupted.")
+EXIT_CODES = ("Exit codes: 0 every row ok; 1 some rows failed (the others were written; rows found bad "
+              "before the run and --max-failures included); 2 bad usage, config or input file, or an output "
+              "folder in use or unwritable (nothing generated); 3 the run itself failed (every row recorded, "
+              "run.json written); 130 interrupted (SIGINT); 143 terminated (SIGTERM). On a signal the rows in "
+              "flight are written, the rest recorded as interrupted; a second signal exits at once.")
 
 # plain (click) help: the rich panels print <bool> beside every switch and cut long option names
 app = typer.Typer(add_completion=False, no_args_is_help=True, rich_markup_mode=None,
@@ -104,7 +108,14 @@ def generate(
                                                 "lookahead (same output, faster)."),
     fmt: str = typer.Option("wav", "--format", help="Audio format: wav or flac."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="Print nothing but errors."),
-    overwrite: bool = typer.Option(False, "--overwrite", help="Replace results already in the output folder."),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Replace results already in the output folder "
+                                   "(removes only the files its manifest names, temporaries, run.json and the manifest)."),
+    resume: bool = typer.Option(False, "--resume", help="Continue the run in the output folder: rows recorded ok "
+                                "whose files are intact and whose content is unchanged are kept, the rest redone."),
+    max_failures: Optional[int] = typer.Option(None, "--max-failures", help="Stop once this many rows have failed "
+                                               "(exit 1; rows not run are recorded with status skipped)."),
+    jsonl_stdout: bool = typer.Option(False, "--jsonl-stdout", help="Print each row's manifest line to stdout as "
+                                      "it is written (logs and progress stay on stderr)."),
 ) -> None:
     """Generate speech for every prompt row.
 
@@ -124,12 +135,11 @@ def generate(
                            repetition_penalty=repetition_penalty, ras_win_len=ras_win_len,
                            ras_win_max_num_repeat=ras_win_max_num_repeat, suppress_tokens=suppress,
                            max_new_frames=max_new_frames, min_new_frames=min_new_frames, deterministic=deterministic,
-                           raw_logprobs=raw_logprobs, async_decode=async_decode, fmt=fmt, quiet=quiet, overwrite=overwrite)
+                           raw_logprobs=raw_logprobs, async_decode=async_decode, fmt=fmt, quiet=quiet, overwrite=overwrite,
+                           resume=resume, max_failures=max_failures, jsonl_stdout=jsonl_stdout)
     summary = _run(lambda: run_generate(opts))
-    if summary.interrupted:
-        raise typer.Exit(130)
-    if summary.failed:
-        raise typer.Exit(1)
+    if summary.exit_code:
+        raise typer.Exit(summary.exit_code)
 
 
 @app.command(epilog="Exit codes: 0 every row valid; 2 a row or the config has a problem, or the file cannot be read.")

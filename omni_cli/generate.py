@@ -12,26 +12,33 @@ already handed to the codec are written first).
 from __future__ import annotations
 
 import itertools
+import sys
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from omni_cli import __version__
 from omni_cli.audio_stage import AudioStage
 from omni_cli.config import ModelConfig, load_config
 from omni_cli.errors import OmniError, RowError
+from omni_cli.folder import prepare_out_dir, read_manifest_lenient, row_hash, row_intact, temporaries
 from omni_cli.loop import run_loop
-from omni_cli.output import OutputWriter, check_out_dir, write_run_json
+from omni_cli.output import OutputWriter, check_format, write_run_json
 from omni_cli.progress import Progress
 from omni_cli.prompts import PromptRow, read_prompts
-from omni_cli.results import RowResults
+from omni_cli.results import RowResults, input_fields
 from omni_cli.run_record import async_summary, run_record
 from omni_cli.runners.device import DTYPES, pick_device
 from omni_cli.runners.family import LoadSpec, ModelFamily, PromptFieldError, family_class
 from omni_cli.runners.sampling.params import FIELD_NAMES, SamplingParams
 from omni_cli.runners.sampling.seeds import row_seed
 from omni_cli.scheduler import Request, Scheduler
+from omni_cli.signals import SignalGuard, exit_code
 from omni_cli.validate import check_out_writable, check_run
 from omni_cli.warmup import warm_up_lm
+
+# exit codes (cli.py's --help and README's table say the same)
+EXIT_OK, EXIT_ROWS_FAILED, EXIT_USAGE, EXIT_RUN_FAILED = 0, 1, 2, 3
 
 
 @dataclass(frozen=True)
@@ -57,6 +64,9 @@ class GenerateOptions:
     fmt: str = "wav"
     quiet: bool = False
     overwrite: bool = False
+    resume: bool = False
+    max_failures: int | None = None  # stop once this many rows have failed (the rest: status skipped)
+    jsonl_stdout: bool = False  # each manifest row written also goes to stdout, as rows complete
 
 
 @dataclass
@@ -65,65 +75,156 @@ class RunSummary:
     ok: int
     failed: int
     interrupted: bool
+    exit_code: int = EXIT_OK
+
+
+class _MaxFailures(Exception):
+    """--max-failures reached: the loop stops at this step."""
 
 
 def run_generate(opts: GenerateOptions) -> RunSummary:
     t = {"start": time.perf_counter()}
+    check_format(opts.fmt)
+    if opts.max_failures is not None and opts.max_failures < 1:
+        raise OmniError(f"--max-failures must be >= 1, got {opts.max_failures}")
     config, base_params = _settings(opts)
     rows = read_prompts(opts.prompts)
-    check_out_dir(opts.out, opts.overwrite)
+    with SignalGuard() as guard:
+        lock = prepare_out_dir(opts.out, opts.overwrite, opts.resume)  # before the weights load
+        try:
+            return _run(opts, config, base_params, rows, t, guard)
+        except KeyboardInterrupt as e:  # before any row ran (the load): nothing to record
+            print("omni: interrupted before any row ran", file=sys.stderr, flush=True)
+            return RunSummary(total=len(rows), ok=0, failed=0, interrupted=True, exit_code=exit_code(e))
+        finally:
+            lock.release()
+
+
+def _run(opts: GenerateOptions, config: ModelConfig, base_params: SamplingParams, rows: list[PromptRow],
+         t: dict, guard: SignalGuard) -> RunSummary:
     t["read"] = time.perf_counter()
     family = family_class(config.family, config.path)  # the family's imports
     check_out_writable(opts.out)
     check_run(rows, base_params, config, family.limits(config.checkpoint), opts.fmt)  # nothing loaded yet
     t["family"] = time.perf_counter()
-    model = family.load(_load_spec(config, opts))
+    spec = _load_spec(config, opts)
+    model = family.load(spec)
     t["loaded"] = time.perf_counter()
 
+    identity = _model_identity(config, spec, opts)
+    earlier = {e["id"]: e for e in read_manifest_lenient(opts.out / "metadata.jsonl")} if opts.resume else {}
+    for p in temporaries(opts.out):  # what a killed run left mid-write
+        p.unlink(missing_ok=True)
     scheduler = Scheduler(model.num_slots, config.max_seq_len)  # the budget may grant fewer slots
-    results_rows, rejected = _queue(rows, model, config, base_params, opts.seed, scheduler)
-    audio = AudioStage(model.codec, model.batched_codec)
-    t["warmup_s"] = _warm_up(model, audio, scheduler, config)
-
-    writer = OutputWriter(opts.out, opts.fmt, model.sample_rate)
-    progress = Progress(len(rows), opts.quiet)
+    queued, rejected, kept, changed = _queue(rows, model, config, base_params, opts.seed, scheduler,
+                                             identity, earlier, opts.out)
+    writer = OutputWriter(opts.out, opts.fmt, model.sample_rate, kept, _stdout_line if opts.jsonl_stdout else None)
+    progress = Progress(len(rows) - len(kept), opts.quiet)
     results = RowResults(writer, progress, model.real_code_mask, opts.quiet)
-    results.rows = results_rows
-    interrupted, stats = False, None
+    results.rows = queued
+    audio = AudioStage(model.codec, model.batched_codec)
+    interrupted, stats, fault, stop = False, None, None, None
+    code = EXIT_OK
     with progress:
         if model.num_slots < config.max_batch_size and not opts.quiet:
             progress.print_line(f"omni: device memory holds the KV cache of {model.num_slots} requests at once "
                                 f"(max_batch_size {config.max_batch_size}); running that many")
-        for r, error in rejected:
-            results.fail(r.row, r.id, r.text, error)
-        rows_per_call = min(model.num_slots, model.codec.rows_per_call(base_params.max_new_frames)) \
-            if audio.batched else 1
-        audio.start(results.write, len(results_rows), rows_per_call)
-
-        def stepped(n: int, loop_stats) -> None:
-            progress.step(n, model.runner.async_query_hit, model.runner.async_query_miss, loop_stats.sync_routed)
-
-        t["loop"] = time.perf_counter()
+        if opts.resume and not opts.quiet:
+            progress.print_line(f"omni: resuming: {len(kept)} finished rows kept, {len(rows) - len(kept)} to do")
+        for r in changed:
+            progress.print_line(f"[yellow]omni: warning: row {r.row} (id {r.id}) changed since the earlier run: "
+                                "redoing it[/yellow]")
         try:
+            for r, error in rejected:
+                results.fail(r.row, r.id, input_fields(r, None), error)
+            t["warmup_s"] = _warm_up(model, audio, scheduler, config)
+            rows_per_call = min(model.num_slots, model.codec.rows_per_call(base_params.max_new_frames)) \
+                if audio.batched else 1
+            audio.start(results.write, len(queued), rows_per_call)
+
+            def stepped(n: int, loop_stats) -> None:
+                progress.step(n, model.runner.async_query_hit, model.runner.async_query_miss,
+                              loop_stats.sync_routed)
+                if opts.max_failures is not None and results.failed >= opts.max_failures:
+                    raise _MaxFailures
+
+            t["loop"] = time.perf_counter()
+            if opts.max_failures is not None and results.failed >= opts.max_failures:
+                raise _MaxFailures
             with model.loop_stream():  # ahead of the codec's stream on the GPU
                 stats = run_loop(scheduler, model.runner, audio.finished, stepped, config.async_decode)
-        except KeyboardInterrupt:
-            interrupted = True
+        except KeyboardInterrupt as e:  # SIGINT, SIGTERM (omni_cli/signals.py)
+            interrupted, code = True, exit_code(e)
+        except _MaxFailures:
+            stop, code = "skipped", EXIT_ROWS_FAILED
+        except Exception as e:  # noqa: BLE001  (a fault of the whole run: the device, memory)
+            fault, code = e, EXIT_RUN_FAILED
         finally:
+            guard.may_raise = False  # from here the run finishes; a first signal is only recorded
+            t.setdefault("warmup_s", 0.0)
             t["decoded"] = time.perf_counter()
             audio.drain()  # rows still waiting (after Ctrl-C, say), and every file on disk
             t["written"] = time.perf_counter()
-        audio.check()
-        if interrupted:  # account for the rest
-            for rid, (row, _, req) in results_rows.items():
-                if req.finish_reason is None:
-                    writer.write_failed(row.row, rid, row.text, "interrupted before it finished", status="interrupted")
+        try:
+            audio.check()
+        except Exception as e:  # noqa: BLE001  (a bug in the codec or writer threads)
+            fault, code = fault or e, EXIT_RUN_FAILED
+        if guard.signum is not None and not interrupted:  # a signal while finishing
+            interrupted, code = True, guard.exit_code
+        _record_unfinished(results, queued, interrupted, fault, stop, opts)
+        if fault is not None:
+            progress.print_line(f"[red]omni: error: the run failed: {type(fault).__name__}: {fault}[/red]")
+        progress.note = "interrupted" if interrupted else ("stopped: --max-failures reached" if stop else
+                                                          ("run failed" if fault else None))
     writer.close()
     t["end"] = time.perf_counter()
-    write_run_json(opts.out, run_record(opts, config, model, results, progress, audio, stats, interrupted, t))
+    record = run_record(opts, config, model, results, progress, audio, stats, interrupted, t)
+    record["totals"].update(kept=len(kept), exit_code=code,
+                            run_error=None if fault is None else f"{type(fault).__name__}: {fault}")
+    write_run_json(opts.out, record)
     if not opts.quiet:
         progress.print_line(async_summary(config.async_decode, model.runner, stats))
-    return RunSummary(total=len(rows), ok=results.ok, failed=results.failed, interrupted=interrupted)
+    if code == EXIT_OK and results.failed:
+        code = EXIT_ROWS_FAILED
+    return RunSummary(total=len(rows), ok=results.ok + len(kept), failed=results.failed,
+                      interrupted=interrupted, exit_code=code)
+
+
+def _stdout_line(line: str) -> None:
+    """--jsonl-stdout: one manifest line, whole and flushed (the writer's lock keeps lines apart)."""
+    sys.stdout.write(line)
+    sys.stdout.flush()
+
+
+def _record_unfinished(results: RowResults, queued: dict, interrupted: bool, fault, stop, opts) -> None:
+    """After an interrupt, a run fault or --max-failures: every queued row that did not finish."""
+    if interrupted:
+        status, error = "interrupted", "interrupted before it finished"
+    elif fault is not None:
+        status, error = "failed", f"not finished: the run failed: {type(fault).__name__}: {fault}"
+    elif stop:
+        status, error = "skipped", f"not run: --max-failures {opts.max_failures} reached"
+    else:
+        return
+    for rid, (row, system, req, _) in queued.items():
+        if req.finish_reason is None:
+            results.fail(row.row, rid, input_fields(row, system), error, status=status)
+        elif not results.writer.has_row(row.row):  # finished, but its write never came (a bug in a thread)
+            results.fail(row.row, rid, input_fields(row, system), error.replace("not finished", "not written"),
+                         status=status)
+
+
+def _model_identity(config: ModelConfig, spec: LoadSpec, opts: GenerateOptions) -> dict:
+    """What, besides a row's own content, changes its bytes: the model (checkpoint, codec, dtype,
+    the device type, deterministic arithmetic, context), the version, --raw-logprobs and --format.
+    Not max_batch_size or async_decode: under --deterministic neither changes a byte, and without
+    it a rerun at the same settings need not match either. Not the config's sampling defaults:
+    each row's resolved sampling values are hashed instead."""
+    d = config.as_dict()
+    for k in ("path", "sampling", "max_batch_size", "async_decode", "device"):
+        d.pop(k, None)
+    return d | {"device": spec.device.type, "omni_cli": __version__, "raw_logprobs": opts.raw_logprobs,
+                "format": opts.fmt}
 
 
 def _settings(opts: GenerateOptions) -> tuple[ModelConfig, SamplingParams]:
@@ -154,33 +255,86 @@ def _load_spec(config: ModelConfig, opts: GenerateOptions) -> LoadSpec:
 
 
 def _queue(rows: list[PromptRow], model: ModelFamily, config: ModelConfig, base_params: SamplingParams,
-           run_seed: int | None, scheduler: Scheduler) -> tuple[dict[str, tuple], list[tuple]]:
-    """Render every valid row's prompt, tokenize them in one batch, queue them in row order.
-    Returns (request id -> (its row, its system prompt, its request), the rows rejected with their errors)."""
+           run_seed: int | None, scheduler: Scheduler, identity: dict, earlier: dict[str, dict], out: Path):
+    """Render every valid row's prompt, tokenize them in one batch, queue them in row order. Anything
+    raised for one row (rendering, tokenizing, queueing) fails that row alone. Returns (request id ->
+    (its row, its system prompt, its request); the rows rejected with their errors; input row ->
+    manifest line of each row --resume keeps; the rows changed since the earlier run)."""
     queued: dict[str, tuple] = {}
     rejected: list[tuple] = []  # (row, error): rows that never reach the scheduler
-    rendered: list[tuple] = []  # (row, its system prompt, its sampling params, its prompt's text)
+    rendered: list[tuple] = []  # (row, its system prompt, its sampling params, its prompt's text, its hash)
+    kept: dict[int, str] = {}
+    changed: list[PromptRow] = []
     for r in rows:
         if r.error is not None:
             rejected.append((r, r.error))
             continue
         system = r.system if r.system is not None else config.system_prompt
         try:
-            rendered.append((r, system, *_render(r, system, base_params, model)))
+            params, text = _render(r, system, base_params, model)
+            content = {"text": r.text, "scene": r.scene, "system": system, "sampling": params.as_record(),
+                       "seed": r.seed, "run_seed": run_seed, "model": identity}
+            digest = row_hash(content)
         except RowError as e:
             rejected.append((r, str(e)))
-    # tokenized at once (on the machine's cores, outside the GIL), then queued in row order
-    for (r, system, params, _), prompt in zip(rendered, model.encode_prompts([text for *_, text in rendered])):
-        req = Request(rid=r.id, prompt=prompt, params=params, seed=row_seed(r.seed, run_seed, r.id))
+            continue
+        except Exception as e:  # noqa: BLE001  (a row the checks let through: it fails alone)
+            rejected.append((r, f"row {r.row}: building its prompt failed: {type(e).__name__}: {e}"))
+            continue
+        before = earlier.get(r.id)
+        if before is not None and before.get("status") == "ok":
+            if before.get("row_hash") != digest:
+                changed.append(r)
+            elif row_intact(out, before):
+                kept[r.row] = _kept_line(before, r.row)
+                continue
+        rendered.append((r, system, params, text, digest))
+    for (r, system, params, _, digest), prompt in zip(rendered, _encode(model, [x[3] for x in rendered])):
+        if isinstance(prompt, Exception):
+            rejected.append((r, f"row {r.row}, field 'text': tokenizing it failed: {type(prompt).__name__}: {prompt}"))
+            continue
+        try:
+            req = Request(rid=r.id, prompt=prompt, params=params, seed=row_seed(r.seed, run_seed, r.id))
+        except Exception as e:  # noqa: BLE001
+            rejected.append((r, f"row {r.row}: building its request failed: {type(e).__name__}: {e}"))
+            continue
         try:
             scheduler.add(req)
-        except ValueError as e:
-            field = "text" if len(prompt) >= config.max_seq_len else "max_new_frames"  # the prompt alone is too long
+        except ValueError as e:  # the prompt alone, or with its frames, past the context
+            field = "text" if len(req.prompt_ids) >= config.max_seq_len else "max_new_frames"
             rejected.append((r, str(RowError(r.row, field, str(e)))))
             continue
-        queued[r.id] = (r, system, req)
+        except Exception as e:  # noqa: BLE001
+            rejected.append((r, f"row {r.row}: queueing it failed: {type(e).__name__}: {e}"))
+            continue
+        queued[r.id] = (r, system, req, digest)
     rejected.sort(key=lambda x: x[0].row)
-    return queued, rejected
+    return queued, rejected, kept, changed
+
+
+def _encode(model: ModelFamily, texts: list[str]) -> list:
+    """The prompts tokenized at once (on the machine's cores, outside the GIL); where the batch
+    raises, one by one, so that only the row that raises fails (its entry: the exception)."""
+    if not texts:
+        return []
+    try:
+        return list(model.encode_prompts(texts))
+    except Exception:  # noqa: BLE001
+        pass
+    out = []
+    for text in texts:
+        try:
+            out.append(model.encode_prompts([text])[0])
+        except Exception as e:  # noqa: BLE001
+            out.append(e)
+    return out
+
+
+def _kept_line(entry: dict, row: int) -> str:
+    """A resumed row's manifest line: its earlier line's values, at its row number in this input."""
+    from omni_cli.output import json_line
+
+    return json_line({**entry, "row": row})
 
 
 def _render(r: PromptRow, system: str, base_params: SamplingParams, model: ModelFamily) -> tuple:

@@ -6,21 +6,25 @@ OUT/metadata.jsonl        one row per input row, failures included; loadable
                           as a datasets "audiofolder" (file_name column)
 OUT/run.json              versions, config, device, totals and timings
 
-The manifest is appended and flushed row by row as results complete, so a
-crash of the process loses nothing already written; at the end it is
-rewritten in input order (write to a temporary file, then rename).
+The manifest is appended row by row as results complete, each line in one
+write(2) on an O_APPEND descriptor, so a kill at any moment leaves whole lines
+(readers skip a last line cut short: omni_cli/folder.py); at the end it is
+rewritten in input order (a temporary file, then os.replace). Its values are
+strict JSON: a non-finite float is written as null and named in "nonfinite".
 """
 
 from __future__ import annotations
 
+import hashlib
 import io
 import json
+import math
 import os
 import struct
 import threading
 import zlib
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import soundfile as sf
@@ -30,13 +34,44 @@ from omni_cli.errors import OmniError
 FORMATS = ("wav", "flac")
 
 
-def check_out_dir(out: Path, overwrite: bool) -> None:
-    """Refuse to mix a new run into an old one's results, unless told to replace them."""
-    manifest = out / "metadata.jsonl"
-    if manifest.exists() and not overwrite:
-        raise OmniError(f"{out} already holds results ({manifest}); choose another folder or pass --overwrite")
-    if out.exists() and not out.is_dir():
-        raise OmniError(f"{out} exists and is not a folder")
+def check_format(fmt: str) -> None:
+    if fmt not in FORMATS:
+        raise OmniError(f"--format must be one of {', '.join(FORMATS)}, got {fmt!r}")
+
+
+def strict_json(value: Any, path: str = "", bad: list[str] | None = None) -> Any:
+    """value with every NaN/Infinity float replaced by None (their paths appended to bad)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        if bad is not None:
+            bad.append(path)
+        return None
+    if isinstance(value, dict):
+        return {k: strict_json(v, f"{path}.{k}" if path else str(k), bad) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [strict_json(v, f"{path}[{i}]", bad) for i, v in enumerate(value)]
+    return value
+
+
+def json_line(record: dict[str, Any]) -> str:
+    """One manifest line: strict JSON (allow_nan=False), UTF-8 unless the text holds a lone surrogate."""
+    bad: list[str] = []
+    record = strict_json(record, "", bad)
+    if bad:
+        record["nonfinite"] = bad  # these fields were NaN or infinite; written as null
+    line = json.dumps(record, ensure_ascii=False, allow_nan=False)
+    try:
+        line.encode("utf-8")
+    except UnicodeEncodeError:  # a lone surrogate cannot be UTF-8: escape it (\udXXX is valid JSON)
+        line = json.dumps(record, ensure_ascii=True, allow_nan=False)
+    return line + "\n"
+
+
+def _digest(pieces) -> tuple[int, str]:
+    h, n = hashlib.sha256(), 0
+    for piece in pieces:
+        h.update(piece)
+        n += memoryview(piece).nbytes
+    return n, h.hexdigest()
 
 
 def _atomic_write(path: Path, data: bytes) -> None:
@@ -46,24 +81,32 @@ def _atomic_write(path: Path, data: bytes) -> None:
 
 
 class OutputWriter:
-    def __init__(self, out: Path, fmt: str, sample_rate: int):
-        if fmt not in FORMATS:
-            raise OmniError(f"--format must be one of {', '.join(FORMATS)}, got {fmt!r}")
+    def __init__(self, out: Path, fmt: str, sample_rate: int, kept: dict[int, str] | None = None,
+                 on_row: Callable[[str], None] | None = None):
+        """kept: input row number -> the manifest line of a row resumed as it was; on_row(line)
+        gets each row written by this run (--jsonl-stdout)."""
+        check_format(fmt)
         self.out = out
         self.fmt = fmt
         self.sample_rate = sample_rate
-        self._lines: dict[int, str] = {}  # input row number -> its manifest line
+        self._lines: dict[int, str] = dict(kept or {})  # input row number -> its manifest line
+        self._on_row = on_row
         (out / "audio").mkdir(parents=True, exist_ok=True)
         (out / "logprobs").mkdir(parents=True, exist_ok=True)
-        self._manifest = open(out / "metadata.jsonl", "w", encoding="utf-8")
-        self._lock = threading.Lock()  # manifest rows come from the writer thread and the main one
+        # the kept rows first, whole (temporary file + rename), then this run's appended
+        _atomic_write(out / "metadata.jsonl", "".join(self._lines[r] for r in sorted(self._lines)).encode("utf-8"))
+        self._fd = os.open(out / "metadata.jsonl", os.O_WRONLY | os.O_APPEND)
+        self._lock = threading.Lock()  # manifest rows come from the writer threads and the main one
 
     def add_row(self, row: int, record: dict[str, Any]) -> None:
-        line = json.dumps(record, ensure_ascii=False) + "\n"
+        line = json_line(record)
         with self._lock:
             self._lines[row] = line
-            self._manifest.write(line)
-            self._manifest.flush()
+            data = line.encode("utf-8")
+            while data:  # one write(2) for a line of any usual size; a short write continues
+                data = data[os.write(self._fd, data):]
+            if self._on_row is not None:
+                self._on_row(line)
 
     def write_ok(self, row: int, rid: str, samples: np.ndarray, tokens: np.ndarray, logprobs: np.ndarray,
                  mask: np.ndarray, meta: dict[str, Any], raw_logprobs: np.ndarray | None = None) -> dict[str, Any]:
@@ -99,6 +142,9 @@ class OutputWriter:
         if raw_logprobs is not None:
             arrays["raw_logprobs"] = raw_logprobs.astype(np.float32)
         real = logprobs[mask]
+        npz = npz_stored(arrays)
+        audio_bytes, audio_sha = _digest(audio)
+        npz_bytes, npz_sha = _digest(npz)
         record = {
             "file_name": audio_rel,
             "id": rid,
@@ -109,8 +155,11 @@ class OutputWriter:
             "mean_logprob": float(real.mean()) if real.size else None,
             "min_window_logprob": min_window_logprob(logprobs, mask),
             "logprobs_file": npz_rel,
+            # what --resume checks before it keeps the row
+            "audio_bytes": audio_bytes, "audio_sha256": audio_sha,
+            "logprobs_bytes": npz_bytes, "logprobs_sha256": npz_sha,
         }
-        return [(audio_rel, audio), (npz_rel, npz_stored(arrays))], record
+        return [(audio_rel, audio), (npz_rel, npz)], record
 
     def publish(self, rel: str, pieces) -> None:
         """One file under out, its bytes-like pieces in order, whole or not at all: written under
@@ -126,16 +175,22 @@ class OutputWriter:
             tmp.unlink(missing_ok=True)
             raise
 
-    def write_failed(self, row: int, rid: str, text: str, error: str, status: str = "failed") -> None:
-        # file_name is where the audio would be, so the manifest still loads as an
-        # audiofolder; status tells users to filter the row out
+    def write_failed(self, row: int, rid: str, fields: dict[str, Any], error: str, status: str = "failed") -> None:
+        """fields: the row's input fields (text, scene, system, seed, its sampling fields), kept so that
+        the row can be fixed from the manifest. file_name is where the audio would be, so the manifest
+        still loads as an audiofolder; status tells users to filter the row out."""
         self.add_row(row, {"file_name": f"audio/{rid}.{self.fmt}", "id": rid, "status": status, "row": row,
-                           "text": text, "error": error})
+                           **fields, "error": error})
+
+    def has_row(self, row: int) -> bool:
+        with self._lock:
+            return row in self._lines
 
     def close(self) -> None:
         """Rewrite the manifest in input order."""
-        self._manifest.close()
-        lines = [self._lines[r] for r in sorted(self._lines)]
+        with self._lock:
+            os.close(self._fd)
+            lines = [self._lines[r] for r in sorted(self._lines)]
         _atomic_write(self.out / "metadata.jsonl", "".join(lines).encode("utf-8"))
 
 
@@ -211,4 +266,5 @@ def min_window_logprob(logprobs: np.ndarray, mask: np.ndarray, window: int = 25)
 
 
 def write_run_json(out: Path, info: dict[str, Any]) -> None:
-    _atomic_write(out / "run.json", (json.dumps(info, indent=2, default=str) + "\n").encode("utf-8"))
+    info = strict_json(json.loads(json.dumps(info, default=str)))  # paths etc. as text, NaN as null
+    _atomic_write(out / "run.json", (json.dumps(info, indent=2, allow_nan=False) + "\n").encode("utf-8"))

@@ -26,6 +26,7 @@ class Progress:
         self.frames = 0
         self.audio_s = 0.0
         self.hits = self.misses = self.sync_routed = 0
+        self.note: str | None = None  # how the run ended, when not by finishing (e.g. "interrupted")
         self.start = time.perf_counter()
         self._console = Console(stderr=True)
         self._live: Live | None = None
@@ -47,6 +48,8 @@ class Progress:
         if self._live is not None:
             self._live.update(self._render())
             self._live.__exit__(*exc)
+            if self.note:
+                print(f"omni: {self.summary()}", file=sys.stderr, flush=True)
         elif not self.quiet:
             print(f"omni: {self.summary()}", file=sys.stderr, flush=True)
 
@@ -79,8 +82,8 @@ class Progress:
 
     def summary(self) -> str:
         elapsed, fps, asps = self.rates()
-        return (f"{self.done}/{self.total} rows ({self.failed} failed) in {elapsed:.1f}s, "
-                f"{fps:.1f} frames/s, {asps:.2f} audio-s/s")
+        return ((f"{self.note}: " if self.note else "") + f"{self.done}/{self.total} rows ({self.failed} failed) "
+                f"in {elapsed:.1f}s, {fps:.1f} frames/s, {asps:.2f} audio-s/s")
 
     def _render(self) -> Table:
         elapsed, fps, asps = self.rates()

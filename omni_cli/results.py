@@ -14,7 +14,14 @@ from rich.markup import escape
 
 from omni_cli.output import OutputWriter
 from omni_cli.progress import Progress
+from omni_cli.prompts import PromptRow
 from omni_cli.scheduler import Request
+
+
+def input_fields(r: PromptRow, system: str | None) -> dict:
+    """A failed row's input as the manifest keeps it, so that it can be fixed from there."""
+    return {"text": r.text, "scene": r.scene, "system": r.system if system is None else system, "seed": r.seed,
+            **r.overrides}
 
 
 class RowResults:
@@ -22,16 +29,20 @@ class RowResults:
         self.writer, self.progress, self.quiet = writer, progress, quiet
         self._real_code_mask = real_code_mask  # the family's: tokens [T, C] -> bool
         self.ok = self.failed = 0
+        self.unfinished = 0  # of the failed: rows interrupted or skipped, not failed by themselves
         self.write_busy: list[float] = []  # seconds per row written, on the writer threads
         self._lock = threading.Lock()
         self.rows: dict[str, tuple] = {}  # request id -> (its prompt row, its system prompt, ...)
 
-    def fail(self, row: int, rid: str, text: str, error: str) -> None:
+    def fail(self, row: int, rid: str, fields: dict, error: str, status: str = "failed") -> None:
+        """A row that did not come out: failed (an error of its own) or, after the run stopped,
+        interrupted / skipped / failed with the run's error. Printed even under --quiet (errors only)."""
         with self._lock:
             self.failed += 1
-        self.writer.write_failed(row, rid, text, error)
+            self.unfinished += status != "failed"
+        self.writer.write_failed(row, rid, fields, error, status=status)
         self.progress.row_done(0.0, ok=False)
-        if not self.quiet:
+        if status == "failed":
             self.progress.print_line(f"[red]omni: {escape(error)}[/red]")
 
     def write(self, req: Request, tokens: np.ndarray, samples) -> None:
@@ -42,19 +53,27 @@ class RowResults:
             req.release()  # written or failed: a run keeps every Request to its end, not their frames
 
     def _write(self, req: Request, tokens: np.ndarray, samples) -> None:
-        row, system = self.rows[req.rid][:2]
+        row, system, _, digest = self.rows[req.rid]
         if isinstance(samples, Exception):
-            self.fail(row.row, req.rid, row.text, f"row {row.row}: decoding its audio failed: {samples}")
+            self.fail(row.row, req.rid, input_fields(row, system),
+                      f"row {row.row}: decoding its audio failed: {samples}")
+            return
+        logprobs = req.logprobs.array
+        if not np.isfinite(logprobs).all():  # garbage, not a result: a sampling value past what float32 holds
+            self.fail(row.row, req.rid, input_fields(row, system),
+                      f"row {row.row}: its logprobs are not finite (NaN or infinite): a sampling value "
+                      f"(temperature, repetition_penalty) outside what the model's arithmetic holds")
             return
         t_write = time.perf_counter()
         meta = {"row": row.row, "text": row.text, "scene": row.scene, "system": system, "seed": req.seed,
-                "finish_reason": req.finish_reason, **req.params.as_record()}
-        raw = req.raw_logprobs.array if len(req.raw_logprobs) else None
+                "finish_reason": req.finish_reason, **req.params.as_record(), "row_hash": digest}
         try:
-            record = self.writer.write_ok(row.row, req.rid, samples, tokens, req.logprobs.array,
+            raw = req.raw_logprobs.array if len(req.raw_logprobs) else None
+            record = self.writer.write_ok(row.row, req.rid, samples, tokens, logprobs,
                                           self._real_code_mask(tokens), meta, raw)
-        except (OSError, ValueError) as e:  # a full disk: this row only
-            self.fail(row.row, req.rid, row.text, f"row {row.row}: writing its outputs failed: {e}")
+        except Exception as e:  # noqa: BLE001  (a full disk, a bad value: this row only)
+            self.fail(row.row, req.rid, input_fields(row, system),
+                      f"row {row.row}: writing its outputs failed: {type(e).__name__}: {e}")
             return
         with self._lock:
             self.ok += 1

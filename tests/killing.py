@@ -1,0 +1,75 @@
+"""Run `omni generate` in a subprocess that kills itself at a chosen moment (tests/test_resume.py,
+tests/test_signals.py): the kill comes from inside, at a point named by OMNI_TEST_KILL, so the
+moment is exact, not a race against a timer.
+
+OMNI_TEST_KILL:
+  before        SIGKILL once the empty manifest exists, before any row was run
+  mid:N         SIGKILL after the N-th row's files and manifest line were written
+  rewrite       SIGKILL during the final manifest rewrite (its temporary half written)
+  term:N        SIGTERM after the N-th row was written (the run's own handler takes it)
+  term2:N       SIGTERM and SIGINT there (the same signal twice would merge into one while
+                pending): the second handled exits at once
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import threading
+
+
+def _install(spec: str) -> None:
+    from omni_cli import output, results
+
+    mode, _, n = spec.partition(":")
+    if mode == "before":
+        init = output.OutputWriter.__init__
+
+        def killing_init(self, *a, **k):
+            init(self, *a, **k)
+            os.kill(os.getpid(), signal.SIGKILL)
+
+        output.OutputWriter.__init__ = killing_init
+    elif mode in ("mid", "term", "term2"):
+        write, count, lock = results.RowResults._write, [0], threading.Lock()
+        sig = signal.SIGKILL if mode == "mid" else signal.SIGTERM
+
+        def counting_write(self, *a, **k):
+            write(self, *a, **k)
+            with lock:
+                count[0] += 1
+                if count[0] == int(n):
+                    os.kill(os.getpid(), sig)
+                    if mode == "term2":
+                        os.kill(os.getpid(), signal.SIGINT)
+
+        results.RowResults._write = counting_write
+    elif mode == "rewrite":
+        atomic = output._atomic_write
+
+        def killing_write(path, data):
+            if path.name == "metadata.jsonl" and b"\n" in data and killing_write.armed:
+                path.with_name(path.name + ".tmp").write_bytes(data[: len(data) // 2])
+                os.kill(os.getpid(), signal.SIGKILL)
+            atomic(path, data)
+
+        killing_write.armed = False  # the writer's first call (the manifest's start) passes
+        init = output.OutputWriter.__init__
+
+        def arming_init(self, *a, **k):
+            init(self, *a, **k)
+            killing_write.armed = True
+
+        output._atomic_write = killing_write
+        output.OutputWriter.__init__ = arming_init
+    else:
+        raise SystemExit(f"unknown OMNI_TEST_KILL {spec!r}")
+
+
+if __name__ == "__main__":
+    if os.environ.get("OMNI_TEST_KILL"):
+        _install(os.environ["OMNI_TEST_KILL"])
+    from omni_cli.cli import app
+
+    app(sys.argv[1:], prog_name="omni")

@@ -30,6 +30,7 @@ from omni_cli.runners.family import LoadSpec, ModelFamily, PromptFieldError, fam
 from omni_cli.runners.sampling.params import FIELD_NAMES, SamplingParams
 from omni_cli.runners.sampling.seeds import row_seed
 from omni_cli.scheduler import Request, Scheduler
+from omni_cli.shard import Shard
 from omni_cli.warmup import warm_up_lm
 
 
@@ -56,6 +57,7 @@ class GenerateOptions:
     fmt: str = "wav"
     quiet: bool = False
     overwrite: bool = False
+    shard: Shard | None = None  # --shard i/n: only the rows whose id hashes to shard i (omni_cli/shard.py)
 
 
 @dataclass
@@ -70,6 +72,8 @@ def run_generate(opts: GenerateOptions) -> RunSummary:
     t = {"start": time.perf_counter()}
     config, base_params = _settings(opts)
     rows = read_prompts(opts.prompts)
+    if opts.shard is not None:
+        rows = opts.shard.select(rows)
     check_out_dir(opts.out, opts.overwrite)
     t["read"] = time.perf_counter()
     family = family_class(config.family, config.path)  # the family's imports

@@ -167,3 +167,34 @@ def test_merge_refuses_what_is_not_one_job(runs, tmp_path):
     res = run_cli("merge", runs["shards"][0], "-o", runs["shards"][0])
     assert res.exit_code == 2
     assert not (tmp_path / "m1").exists() and not (tmp_path / "m2").exists()
+
+
+def test_an_empty_shard_is_a_folder_merge_accepts(tmp_path):
+    assert formula("only", 2) == 1  # so shard 0/2 holds no row
+    prompts = write_jsonl(tmp_path / "one.jsonl", [{"id": "only", "text": "Just me."}])
+    for i in (0, 1):
+        res = run_cli("generate", prompts, "-o", tmp_path / f"s{i}", "--shard", f"{i}/2", *FLAGS, "-q")
+        assert res.exit_code == 0, res.output
+    assert (tmp_path / "s0" / "metadata.jsonl").read_text() == ""
+    assert json.loads((tmp_path / "s0" / "run.json").read_text())["totals"]["rows"] == 0
+    res = run_cli("merge", tmp_path / "s0", tmp_path / "s1", "-o", tmp_path / "m")
+    assert res.exit_code == 0, res.output
+    assert _files(tmp_path / "m") == _files(tmp_path / "s1")
+    res = run_cli("merge", tmp_path / "s0", "-o", tmp_path / "m0")
+    assert res.exit_code == 1 and "missing shards: 1/2" in res.output and "only" in res.output
+
+
+def test_merge_keeps_manifest_lines_byte_for_byte(tmp_path):
+    """Fields merge does not know (another version's) and U+2028 inside a string survive unchanged."""
+    lines = []
+    for i, (rid, text) in enumerate([("b", "one\u2028two"), ("a", "x")], start=1):
+        rec = {"file_name": f"audio/{rid}.wav", "id": rid, "status": "failed", "row": 3 - i, "text": text,
+               "error": "e", "future_field": {"k": [1, 2]}}
+        lines.append(json.dumps(rec, ensure_ascii=False) + "\n")
+    for name, line in zip(("x", "y"), lines):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "metadata.jsonl").write_text(line, encoding="utf-8")
+    res = run_cli("merge", tmp_path / "x", tmp_path / "y", "-o", tmp_path / "m")
+    assert res.exit_code == 0, res.output  # no run.json: the missing rows cannot be checked, a note says so
+    assert "not listed" in res.output
+    assert (tmp_path / "m" / "metadata.jsonl").read_text(encoding="utf-8") == lines[1] + lines[0]

@@ -166,6 +166,9 @@ def run_merge(folders: list[Path], out: Path) -> MergeReport:
     _check_same_run(sources)
 
     report = MergeReport()
+    for s in sources:
+        if (s.path / ".omni.lock").exists():  # a run still writing it, or one killed before it let go
+            report.notes.append(f"{s.path} holds a run's lock file (.omni.lock): merged as it is now")
     chosen: dict[str, Source] = {}  # id -> the folder whose row is merged
     for s in sources:
         for rid in s.lines:

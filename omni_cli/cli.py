@@ -116,6 +116,8 @@ def generate(
                                                "(exit 1; rows not run are recorded with status skipped)."),
     jsonl_stdout: bool = typer.Option(False, "--jsonl-stdout", help="Print each row's manifest line to stdout as "
                                       "it is written (logs and progress stay on stderr)."),
+    shard: Optional[str] = typer.Option(None, "--shard", metavar="I/N", help="Run only shard I of N (0 <= I < N): the "
+                                        "rows whose id hashes there; join the folders with `omni merge`."),
 ) -> None:
     """Generate speech for every prompt row.
 
@@ -124,7 +126,9 @@ def generate(
     prompt row's own fields override both for that row.
     """
     from omni_cli.generate import GenerateOptions, run_generate
+    from omni_cli.shard import parse_shard
 
+    shard_spec = _run(lambda: parse_shard(shard))
     try:
         suppress = None if suppress_tokens is None else tuple(int(t) for t in suppress_tokens.split(",") if t.strip())
     except ValueError:
@@ -136,7 +140,7 @@ def generate(
                            ras_win_max_num_repeat=ras_win_max_num_repeat, suppress_tokens=suppress,
                            max_new_frames=max_new_frames, min_new_frames=min_new_frames, deterministic=deterministic,
                            raw_logprobs=raw_logprobs, async_decode=async_decode, fmt=fmt, quiet=quiet, overwrite=overwrite,
-                           resume=resume, max_failures=max_failures, jsonl_stdout=jsonl_stdout)
+                           resume=resume, max_failures=max_failures, jsonl_stdout=jsonl_stdout, shard=shard_spec)
     summary = _run(lambda: run_generate(opts))
     if summary.exit_code:
         raise typer.Exit(summary.exit_code)
@@ -181,6 +185,36 @@ def verify(
         typer.echo("note: the run was not --deterministic: its logprobs (and, rarely, codes) may change with "
                    "the batching; --deterministic makes rows byte-identical", err=True)
     if bad:
+        raise typer.Exit(1)
+
+
+@app.command()
+def merge(
+    folders: list[Path] = typer.Argument(..., metavar="OUT...", help="Output folders of one prompt file "
+                                         "(its --shard runs, say)."),
+    out: Path = typer.Option(..., "-o", "--out", help="The merged output folder (new)."),
+) -> None:
+    """Join output folders into one: one manifest in input order, every ok row's files.
+
+    Exit 0 merged cleanly; 1 merged, but an id differs between folders (the first folder's
+    row is kept), rows of the prompt file are in no folder, or a row's files are gone;
+    2 nothing merged: not an output folder, or folders of different prompt files or settings.
+    """
+    from omni_cli.merge import run_merge
+
+    report = _run(lambda: run_merge(folders, out))
+    problems = [("ids that differ between folders", report.conflicts), ("missing rows", report.missing),
+                ("missing shards", report.missing_shards), ("rows whose files are gone", report.lost_files)]
+    for what, items in problems:
+        if items:
+            typer.echo(f"omni: error: {len(items)} {what}: " + "; ".join(items[:20])
+                       + (f"; ... ({len(items) - 20} more)" if len(items) > 20 else ""), err=True)
+    for note in report.notes:
+        typer.echo(f"omni: note: {note}", err=True)
+    dup = f", {len(report.duplicates)} identical duplicates merged once" if report.duplicates else ""
+    typer.echo(f"merged {len(folders)} folders into {out}: {report.rows} rows ({report.ok} ok, "
+               f"{report.failed} failed){dup}", err=True)
+    if not report.clean:
         raise typer.Exit(1)
 
 

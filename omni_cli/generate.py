@@ -33,6 +33,7 @@ from omni_cli.runners.family import LoadSpec, ModelFamily, PromptFieldError, fam
 from omni_cli.runners.sampling.params import FIELD_NAMES, SamplingParams
 from omni_cli.runners.sampling.seeds import row_seed
 from omni_cli.scheduler import Request, Scheduler
+from omni_cli.shard import Shard
 from omni_cli.signals import SignalGuard, exit_code
 from omni_cli.validate import check_out_writable, check_run
 from omni_cli.warmup import warm_up_lm
@@ -67,6 +68,7 @@ class GenerateOptions:
     resume: bool = False
     max_failures: int | None = None  # stop once this many rows have failed (the rest: status skipped)
     jsonl_stdout: bool = False  # each manifest row written also goes to stdout, as rows complete
+    shard: Shard | None = None  # --shard i/n: only the rows whose id hashes to shard i (omni_cli/shard.py)
 
 
 @dataclass
@@ -89,6 +91,8 @@ def run_generate(opts: GenerateOptions) -> RunSummary:
         raise OmniError(f"--max-failures must be >= 1, got {opts.max_failures}")
     config, base_params = _settings(opts)
     rows = read_prompts(opts.prompts)
+    if opts.shard is not None:
+        rows = opts.shard.select(rows)
     with SignalGuard() as guard:
         lock = prepare_out_dir(opts.out, opts.overwrite, opts.resume)  # before the weights load
         try:

@@ -50,7 +50,7 @@ def resolve_file(spec: str, name: str, what: str) -> Path:
 
         return Path(hf_hub_download(spec, name))
     except Exception as e:  # offline, unknown repo, auth: all are the user's to fix
-        raise OmniError(f"{what} {spec!r}: not a local folder, and the hub download of {name} failed: {e}") from None
+        raise OmniError(f"{what} {spec!r}: not a local folder, and the hub download failed: {name}: {e}") from None
 
 
 def read_safetensors(folder: Path, prefixes: tuple[str, ...] | None = None) -> dict[str, torch.Tensor]:

@@ -154,7 +154,14 @@ def _json_array_rows(text: str, source: str) -> list[PromptRow]:
 
 
 def _csv_rows(text: str) -> list[PromptRow]:
-    reader = csv.DictReader(io.StringIO(text))
+    try:
+        return _csv_records(text)
+    except csv.Error as e:  # e.g. a bare carriage return inside a field: the file cannot be read as CSV
+        raise OmniError(f"CSV input cannot be read: {e}") from None
+
+
+def _csv_records(text: str) -> list[PromptRow]:
+    reader = csv.DictReader(io.StringIO(text, newline=""))
     if reader.fieldnames is None or "text" not in reader.fieldnames:
         raise OmniError("CSV input needs a header row with at least a 'text' column")
     rows = []

@@ -32,9 +32,10 @@ def _rows() -> list[dict]:
 
 
 def _files(out: Path) -> dict[str, bytes]:
-    """Every file of an output folder but run.json (per run: its timings, its out path), by relative path."""
+    """Every result file of an output folder, by relative path: not run.json (per run: its timings, its
+    out path), nor the run's empty lock file (.omni.lock, which merge does not copy)."""
     return {p.relative_to(out).as_posix(): p.read_bytes() for p in sorted(out.rglob("*"))
-            if p.is_file() and p.name != "run.json"}
+            if p.is_file() and p.name not in ("run.json", ".omni.lock")}
 
 
 @pytest.fixture(scope="module")

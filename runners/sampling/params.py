@@ -100,8 +100,8 @@ def limit_problems(params: "SamplingParams", vocab_size: int, control_ids: tuple
                    max_seq_len: int) -> list[tuple[str, str]]:
     """(field, reason) for each value a model of this vocabulary and context cannot run: ids
     outside the vocabulary (an index error on the device), control ids (suppressing one breaks
-    the frames the model forces, e.g. the stream-BOS ramp), windows and lengths past the context
-    (a RAS window is allocated per row)."""
+    the frames the model forces, e.g. the stream-BOS ramp), RAS windows past the context (a
+    window is allocated per row), more frames than the context holds."""
     out = []
     bad = [t for t in params.suppress_tokens if t >= vocab_size]
     if bad:
@@ -110,11 +110,11 @@ def limit_problems(params: "SamplingParams", vocab_size: int, control_ids: tuple
     if forced:
         out.append(("suppress_tokens", f"ids {forced} are control ids the model forces (stream BOS/EOS); "
                                        "suppressing them breaks the frames it must emit"))
+    if params.max_new_frames > max_seq_len:
+        out.append(("max_new_frames", f"{params.max_new_frames} frames do not fit max_seq_len {max_seq_len}"))
     if params.ras_win_len > max_seq_len:
         out.append(("ras_win_len", f"{params.ras_win_len} frames is longer than the context (max_seq_len "
                                    f"{max_seq_len})"))
-    if params.max_new_frames > max_seq_len:
-        out.append(("max_new_frames", f"{params.max_new_frames} frames do not fit max_seq_len {max_seq_len}"))
     return out
 
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from omni_cli.config import ModelConfig, load_config
 from omni_cli.errors import OmniError, RowError
-from omni_cli.output import FORMATS
+from omni_cli.output import check_format
 from omni_cli.prompts import PromptRow, read_prompts
 from omni_cli.runners.family import FamilyLimits, family_class
 from omni_cli.runners.sampling.params import SamplingParams, limit_problems
@@ -41,8 +41,7 @@ def check_run(rows: list[PromptRow], base_params: SamplingParams, config: ModelC
               fmt: str) -> None:
     """The run's own values (the YAML's and the flags') against the model's limits, and the
     output format: an OmniError (exit 2) before anything loads. Then each row's."""
-    if fmt not in FORMATS:
-        raise OmniError(f"--format must be one of {', '.join(FORMATS)}, got {fmt!r}")
+    check_format(fmt)
     for field, reason in limit_problems(base_params, limits.vocab_size, limits.control_ids, config.max_seq_len):
         if field == "max_new_frames":
             continue  # a default rows may override: each row that keeps it fails alone (check_rows)

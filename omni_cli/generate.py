@@ -35,7 +35,7 @@ from omni_cli.runners.sampling.seeds import row_seed
 from omni_cli.scheduler import Request, Scheduler
 from omni_cli.shard import Shard
 from omni_cli.signals import SignalGuard, exit_code
-from omni_cli.validate import check_out_writable, check_run
+from omni_cli.validate import check_run
 from omni_cli.warmup import warm_up_lm
 
 # exit codes (cli.py's --help and README's table say the same)
@@ -108,7 +108,6 @@ def _run(opts: GenerateOptions, config: ModelConfig, base_params: SamplingParams
          t: dict, guard: SignalGuard) -> RunSummary:
     t["read"] = time.perf_counter()
     family = family_class(config.family, config.path)  # the family's imports
-    check_out_writable(opts.out)
     check_run(rows, base_params, config, family.limits(config.checkpoint), opts.fmt)  # nothing loaded yet
     t["family"] = time.perf_counter()
     spec = _load_spec(config, opts)

@@ -8,8 +8,6 @@ runs the same checks and prints every problem without loading anything.
 
 from __future__ import annotations
 
-import os
-from pathlib import Path
 
 from omni_cli.config import ModelConfig, load_config
 from omni_cli.errors import OmniError, RowError
@@ -47,17 +45,6 @@ def check_run(rows: list[PromptRow], base_params: SamplingParams, config: ModelC
             continue  # a default rows may override: each row that keeps it fails alone (check_rows)
         raise OmniError(f"--{field.replace('_', '-')} (or the config's sampling.{field}): {reason}")
     check_rows(rows, base_params, config, limits)
-
-
-def check_out_writable(out: Path) -> None:
-    """The output folder, or the nearest folder above it that exists, must be writable."""
-    probe = out
-    while not probe.exists() and probe != probe.parent:
-        probe = probe.parent
-    if probe.exists() and not probe.is_dir():
-        raise OmniError(f"{probe} exists and is not a folder")
-    if not os.access(probe, os.W_OK | os.X_OK):
-        raise OmniError(f"cannot write into {probe}: permission denied")
 
 
 def run_validate(prompts: str, model: str | None) -> list[PromptRow]:

@@ -11,7 +11,7 @@ checkpoint's acoustic_decoder.* keys load as they are), not imported: its
 modeling module pulls in transformers' whole modeling stack, seconds of a
 process's start-up (BENCHMARKS.md, start-up). It is loaded with exactly those keys
 of the checkpoint's safetensors. The encoder, HuBERT and semantic parts are
-not loaded; voice cloning will need them.
+not loaded here: runners/higgs_audio_v2/encoder.py has them (voice cloning).
 
 As in the reference, the DAC decoder's transposed convolutions get
 output_padding = stride % 2 and the final tanh is dropped. On CUDA with
@@ -41,6 +41,16 @@ from ..checkpoint import fold_weight_norm, load_into, read_safetensors
 # leaves a key out (transformers 5.17)
 HIGGS_ACOUSTIC_DEFAULTS = {"downsampling_ratios": [8, 5, 4, 2], "decoder_hidden_size": 1024,
                            "upsampling_ratios": [8, 5, 4, 2], "hidden_size": 256}
+
+
+# HiggsAudioV2TokenizerConfig's target_bandwidths (kbps) where a config leaves them out
+DEFAULT_BANDWIDTHS = [0.5, 1, 1.5, 2, 4]
+
+
+def num_quantizers(bandwidths: list[float], frame_rate: int, codebook_size: int) -> int:
+    """The codec's RVQ depth: its top bandwidth over the bits a frame of one quantizer costs
+    (the rule of HiggsAudioV2TokenizerConfig.num_quantizers)."""
+    return int(1000 * bandwidths[-1] // (frame_rate * math.ceil(math.log2(codebook_size))))
 
 
 class Snake1d(nn.Module):
@@ -230,9 +240,7 @@ class HiggsCodecDecoder(nn.Module):
         self.hop_length = int(np.prod(down))
         frame_rate = math.ceil(self.sample_rate / self.hop_length)
         size, dim = int(raw.get("codebook_size", 1024)), int(raw.get("codebook_dim", 64))
-        bandwidths = raw.get("target_bandwidths", [0.5, 1, 1.5, 2, 4])
-        # same rule as HiggsAudioV2TokenizerConfig.num_quantizers
-        self.num_quantizers = int(1000 * bandwidths[-1] // (frame_rate * math.ceil(math.log2(size))))
+        self.num_quantizers = num_quantizers(raw.get("target_bandwidths", DEFAULT_BANDWIDTHS), frame_rate, size)
         acoustic = int(ac["hidden_size"])
         hidden = acoustic + sem_hidden
         self.quantizer = _RVQ(self.num_quantizers, size, dim, hidden)

@@ -14,8 +14,9 @@ What a family provides:
 - its frame layout: streams a frame, frames a second, the sample rate, and
   which sampled entries are real codes;
 - its codec as a ``RowCodec``: where a row's codes are and how to decode a
-  padded batch (and optionally encode audio), which the generic codec stage
-  (runners/codec_stage.py) batches;
+  padded batch, which the generic codec stage (runners/codec_stage.py) batches;
+  optionally encoding reference audio to codes (``encode_audio``, keyed for caches
+  by ``codec_identity``);
 - its inputs to the memory budget (runners/budget.py): the KV shape, the model
   to measure a prefill on, the codec's bytes a frame.
 """
@@ -154,8 +155,17 @@ class ModelFamily(abc.ABC):
     def real_code_mask(self, tokens: np.ndarray) -> np.ndarray:
         """tokens [T, num_streams] -> bool, True where an entry is an audio code (not a control token)."""
 
-    def encode_audio(self, audio: np.ndarray, sample_rate: int) -> np.ndarray:
-        """Reference audio [samples] -> codes [frames, num_streams] (voice cloning); optional."""
+    def encode_audio(self, clips: list[np.ndarray]) -> list[np.ndarray]:
+        """Reference audio to codes (voice cloning); optional. clips: mono float32 [samples]
+        each, at the family's sample_rate (the caller resamples). Returns codes
+        [frames, num_streams] int64 each, in order. NotImplementedError where the family
+        cannot encode."""
+        raise NotImplementedError(f"{type(self).__name__} does not encode reference audio")
+
+    @property
+    def codec_identity(self) -> str:
+        """A stable name of the codec's weights and config (a hash of its files), for cache
+        keys of encoded references: equal strings, equal codes for equal audio."""
         raise NotImplementedError(f"{type(self).__name__} does not encode reference audio")
 
 

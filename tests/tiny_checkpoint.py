@@ -198,6 +198,34 @@ def drive_by_codes(codec: HiggsAudioV2TokenizerModel) -> HiggsAudioV2TokenizerMo
     return codec
 
 
+def drive_encoder(codec: HiggsAudioV2TokenizerModel, seed: int = 0) -> HiggsAudioV2TokenizerModel:
+    """Re-initialise ``codec``'s encode path (HuBERT's linear layers, encoder_semantic, the DAC
+    encoder, fc, the quantizers' project_in) from a generator of ``seed`` so its codes follow
+    the audio; returns ``codec``.
+
+    Under transformers' init (std 0.02 linear and DAC weights) the embeddings are mostly
+    biases: a few seconds of audio encode to two or three distinct codes a quantizer, and
+    a parity test over them would pass many a wrong encoder. Here each layer keeps the signal
+    near unit rms (std 1 / sqrt(fan-in); residual 1x1 convolutions at gain 0.3), biases are
+    small but non-zero, and Snake alphas differ per channel. The decode path is untouched."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        layers = [codec.fc] + [q.project_in for q in codec.quantizer.quantizers]
+        layers += [m for m in codec.semantic_model.encoder.layers.modules() if isinstance(m, nn.Linear)]
+        layers += [m for part in (codec.encoder_semantic, codec.acoustic_encoder) for m in part.modules()
+                   if isinstance(m, nn.Conv1d)]
+        for m in layers:
+            w = m.weight
+            gain = 0.3 if isinstance(m, nn.Conv1d) and m.kernel_size[0] == 1 else 1.0
+            w.copy_(torch.randn(w.shape, generator=g) * gain / math.sqrt(w[0].numel()))
+            if m.bias is not None:
+                m.bias.copy_(torch.randn(m.bias.shape, generator=g) * 0.1)
+        for name, p in codec.acoustic_encoder.named_parameters():
+            if name.endswith("alpha"):
+                p.copy_(torch.rand(p.shape, generator=g) + 0.5)
+    return codec
+
+
 def tiny_codec(config: HiggsAudioV2TokenizerConfig | None = None) -> HiggsAudioV2TokenizerModel:
     """A random codec (global RNG) whose audio the codes drive: what every tiny checkpoint ships."""
     return drive_by_codes(HiggsAudioV2TokenizerModel(config or tiny_codec_config()).eval())

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import time
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -15,6 +17,7 @@ from ..family import FamilyLimits, LoadSpec, ModelFamily, PromptFieldError
 from ..prompt_input import PromptInput
 from .codec import HiggsCodecDecoder
 from .config import HiggsConfig
+from .encoder import HiggsCodecEncoder
 from .model import HiggsAudioV2LM
 from .prompt import PromptBuilder
 from .runner import HiggsRunner
@@ -81,6 +84,10 @@ class HiggsAudioV2(ModelFamily):
         self.frame_rate = codec.sample_rate / codec.hop_length
         self.kv_budget: dict | None = None
         self.load_phases: dict[str, float] = {}
+        self.codec_dir: Path | None = None  # set by load: the encoder is read from it on first use
+        self.encoder_dtype = torch.float32  # the encoder's, whatever the LM's
+        self._encoder: HiggsCodecEncoder | None = None
+        self._codec_identity: str | None = None
 
     @classmethod
     def load(cls, spec: LoadSpec) -> "HiggsAudioV2":
@@ -111,6 +118,7 @@ class HiggsAudioV2(ModelFamily):
         family = cls(cfg, runner, codec, prompts, spec.device)
         family.kv_budget = budget
         family.load_phases = laps.done
+        family.codec_dir = codec_dir
         return family
 
     @classmethod
@@ -128,9 +136,40 @@ class HiggsAudioV2(ModelFamily):
     def encode_prompts(self, rendered: list[str]) -> list[PromptInput]:
         return [PromptInput(ids) for ids in self.prompts.encode_all(rendered)]
 
+    def encode_audio(self, clips: list[np.ndarray]) -> list[np.ndarray]:
+        """Mono float32 clips at sample_rate -> codes [frames, num_streams] int64 each. The
+        encoder (HuBERT included) loads on the first call, so runs without references pay nothing."""
+        if self._encoder is None:
+            if self.codec_dir is None:
+                raise NotImplementedError("this HiggsAudioV2 was not loaded from a codec folder: no encoder")
+            self._encoder = HiggsCodecEncoder.load(self.codec_dir, self.encoder_dtype, self.runner.device,
+                                                   expect_quantizers=self.num_streams)
+        return self._encoder.encode(clips)
+
+    @property
+    def codec_identity(self) -> str:
+        """sha256 over the codec folder's config.json and its *.safetensors files (sorted by
+        name; each name and size before its bytes), hashed once."""
+        if self._codec_identity is None:
+            if self.codec_dir is None:
+                raise NotImplementedError("this HiggsAudioV2 was not loaded from a codec folder")
+            self._codec_identity = "sha256:" + codec_digest(self.codec_dir)
+        return self._codec_identity
+
     def real_code_mask(self, tokens: np.ndarray) -> np.ndarray:
         """True where a sampled entry is an audio code, not stream BOS/EOS."""
         return (tokens != self.cfg.audio_stream_bos_id) & (tokens != self.cfg.audio_stream_eos_id)
+
+
+def codec_digest(folder: Path) -> str:
+    """Hex sha256 of a codec folder's config.json and weights, read in 1 MiB pieces."""
+    h = hashlib.sha256()
+    for f in [folder / "config.json", *sorted(folder.glob("*.safetensors"))]:
+        h.update(f"{f.name}\0{f.stat().st_size}\0".encode())
+        with open(f, "rb") as fh:
+            while piece := fh.read(1 << 20):
+                h.update(piece)
+    return h.hexdigest()
 
 
 class _Laps:

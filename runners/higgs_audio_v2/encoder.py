@@ -42,8 +42,7 @@ ACOUSTIC_DEFAULTS = {**HIGGS_ACOUSTIC_DEFAULTS, "encoder_hidden_size": 64}
 SEMANTIC_DEFAULTS = {"mask_time_prob": 0.0}
 SEMANTIC_PAD = 160  # samples at the semantic rate, each side (the reference's constant)
 PREFIXES = ("semantic_model.", "encoder_semantic.", "acoustic_encoder.", "fc.", "quantizer.")
-# tensors of those prefixes that encoding does not read: training statistics of the codebooks,
-# HuBERT's mask embedding (used only when training with masking)
+# tensors under those prefixes that encoding never reads (codebook training statistics, HuBERT's mask embedding)
 UNUSED = ("codebook.inited", "codebook.cluster_size", "codebook.embed_avg", "semantic_model.masked_spec_embed")
 
 

@@ -58,7 +58,9 @@ def resolve_folder(spec: str, what: str, pth: bool = False) -> Path:
             names += _index_shards(folder)
         if pth:
             names.append(PTH)
-        for name in names:  # the first that exists: a repo holding stale shards beside the single file
+        # model.safetensors if the repo has it (stale shards beside it are not fetched), else the
+        # index's shards, else (codecs) model.pth; a shard that is not there fails in weight_files
+        for name in names:
             try:
                 hf_hub_download(repo, name, revision=revision)
             except EntryNotFoundError:

@@ -293,3 +293,16 @@ def test_omni_generate_on_an_original_layout_pair(tmp_path, orig):
         a, _ = sf.read(tmp_path / "orig" / outs["orig"][rid]["file_name"])
         b, _ = sf.read(tmp_path / "tiny" / outs["tiny"][rid]["file_name"])
         assert a.shape == b.shape and abs(a - b).max() <= 2 / 32768
+
+
+def test_yaml_takes_hub_ids_with_a_revision(tmp_path):
+    from omni_cli.config import load_config
+
+    rev = "bosonai/higgs-audio-v2-generation-3B-base@10840182ca4ad5d9d9113b60b9bb3c1ef1ba3f84"
+    path = tmp_path / "m.yaml"
+    path.write_text(f"family: higgs_audio_v2\ncheckpoint: {rev}\ncodec: bosonai/higgs-audio-v2-tokenizer@refs/pr/1\n")
+    cfg = load_config(str(path))
+    assert (cfg.checkpoint, cfg.codec) == (rev, "bosonai/higgs-audio-v2-tokenizer@refs/pr/1")
+    path.write_text("family: higgs_audio_v2\ncheckpoint: owner/name@\ncodec: a/b\n")
+    with pytest.raises(ConfigError, match="key 'checkpoint'.*owner/name@revision"):
+        load_config(str(path))

@@ -87,15 +87,17 @@ def _type_name(t: type) -> str:
 
 
 def _resolve_location(path: Path, key: str, value: str) -> str:
-    """A folder relative to the YAML file, an absolute folder, or a hub id (owner/name)."""
+    """A folder relative to the YAML file, an absolute folder, or a hub id (owner/name[@revision])."""
     looks_local = value.startswith((".", "/", "~")) or (path.parent / value).exists()
     if looks_local:
         folder = (path.parent / Path(value).expanduser()).resolve()
         if not folder.is_dir():
             raise ConfigError(path, key, f"folder {folder} does not exist")
         return str(folder)
-    if value.count("/") != 1 or any(not part for part in value.split("/")):
-        raise ConfigError(path, key, f"{value!r} is neither an existing folder nor a hub id of the form owner/name")
+    repo, at, revision = value.partition("@")  # owner/name@revision: a commit, branch or tag
+    if repo.count("/") != 1 or any(not part for part in repo.split("/")) or (at and not revision):
+        raise ConfigError(path, key, f"{value!r} is neither an existing folder nor a hub id of the form "
+                          f"owner/name or owner/name@revision")
     return value
 
 

@@ -78,7 +78,8 @@ def _read_json(path: Path) -> dict:
 
 
 class ChatTokenizer:
-    def __init__(self, folder: Path):
+    def __init__(self, folder: Path, default_template: str | None = None):
+        """``default_template``: the template where the folder has none (a layout that ships without one)."""
         try:
             self.tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
         except Exception as e:  # tokenizers raises its own exception type
@@ -112,7 +113,7 @@ class ChatTokenizer:
             raise OmniError(f"{config_path} names special tokens that {folder / 'tokenizer.json'} does not hold "
                             f"as added tokens: {unknown[:5]}")
         self.specials = added | named  # text holding any of them would be read as control tokens
-        source = self._template_source(folder, config)
+        source = self._template_source(folder, config, default_template)
         env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
                                             extensions=[_Generation, jinja2.ext.loopcontrols])
         env.filters["tojson"] = _tojson
@@ -124,13 +125,15 @@ class ChatTokenizer:
             raise OmniError(f"the chat template in {folder} does not parse: {e}") from None
 
     @staticmethod
-    def _template_source(folder: Path, config: dict) -> str:
+    def _template_source(folder: Path, config: dict, default: str | None = None) -> str:
         file = folder / "chat_template.jinja"
         if file.exists():
             return file.read_text(encoding="utf-8")
         template = config.get("chat_template")
         if isinstance(template, list):  # named templates: the default one
             template = next((t.get("template") for t in template if t.get("name") == "default"), None)
+        if (not isinstance(template, str) or not template) and default:
+            return default
         if not isinstance(template, str) or not template:
             raise OmniError(f"the tokenizer in {folder} has no chat template")
         return template

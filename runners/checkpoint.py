@@ -15,6 +15,7 @@ import math
 import os
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import Callable
 from pathlib import Path
 
 import torch
@@ -24,15 +25,51 @@ from .errors import OmniError
 from .device import host_buffer, new_event
 
 
-def resolve_folder(spec: str, what: str) -> Path:
-    """A local folder as it is; a hub id through huggingface_hub's cache/download."""
+# what a checkpoint folder needs besides its weights (configs, tokenizer, chat template)
+META_PATTERNS = ["*.json", "*.jinja", "*.model", "*.txt"]
+SINGLE = "model.safetensors"
+INDEX = "model.safetensors.index.json"
+PTH = "model.pth"  # the original codec layout's weights (runners/higgs_audio_v2/codec_layout.py)
+
+
+def parse_hub_id(spec: str) -> tuple[str, str | None]:
+    """``owner/name@rev`` -> (``owner/name``, ``rev``); no ``@``: (spec, None)."""
+    repo, at, rev = spec.partition("@")
+    if at and not (repo and rev):
+        raise OmniError(f"{spec!r}: a hub id with a revision is owner/name@revision")
+    return repo, (rev if at else None)
+
+
+def resolve_folder(spec: str, what: str, pth: bool = False) -> Path:
+    """A local folder as it is; a hub id (``owner/name[@revision]``) through huggingface_hub's
+    cache: its metadata, then the weight files transformers would pick (weight_files): the
+    single file if the repo has one, else the index's shards; ``pth``: else model.pth (codecs)."""
     local = Path(spec)
     if local.is_dir():
         return local
+    repo, revision = parse_hub_id(spec)
     try:
-        from huggingface_hub import snapshot_download
+        from huggingface_hub import hf_hub_download, snapshot_download
+        from huggingface_hub.errors import EntryNotFoundError
 
-        return Path(snapshot_download(spec, allow_patterns=["*.json", "*.safetensors", "*.jinja", "*.model", "*.txt"]))
+        folder = Path(snapshot_download(repo, revision=revision, allow_patterns=META_PATTERNS))
+        names = [SINGLE]
+        if (folder / INDEX).is_file():
+            names += _index_shards(folder)
+        if pth:
+            names.append(PTH)
+        # model.safetensors if the repo has it (stale shards beside it are not fetched), else the
+        # index's shards, else (codecs) model.pth; a shard that is not there fails in weight_files
+        for name in names:
+            try:
+                hf_hub_download(repo, name, revision=revision)
+            except EntryNotFoundError:
+                continue
+            if name == SINGLE or name == PTH:
+                break
+        return folder
+    except OmniError:
+        raise
     except Exception as e:  # offline, unknown repo, auth: all are the user's to fix
         raise OmniError(f"{what} {spec!r}: not a local folder, and the hub download failed: {e}") from None
 
@@ -45,24 +82,48 @@ def resolve_file(spec: str, name: str, what: str) -> Path:
         if not path.is_file():
             raise OmniError(f"{what} {spec!r}: no {name} in that folder")
         return path
+    repo, revision = parse_hub_id(spec)
     try:
         from huggingface_hub import hf_hub_download
 
-        return Path(hf_hub_download(spec, name))
+        return Path(hf_hub_download(repo, name, revision=revision))
     except Exception as e:  # offline, unknown repo, auth: all are the user's to fix
         raise OmniError(f"{what} {spec!r}: not a local folder, and the hub download failed: {name}: {e}") from None
 
 
+def _index_shards(folder: Path) -> list[str]:
+    """The shard names an index's weight_map names, in order of first mention."""
+    path = folder / INDEX
+    try:
+        weight_map = json.loads(path.read_text())["weight_map"]
+        return list(dict.fromkeys(weight_map.values()))
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+        raise OmniError(f"{path}: not a readable safetensors index ({e!r}); key 'weight_map'") from None
+
+
+def weight_files(folder: Path) -> list[Path]:
+    """The safetensors files transformers loads from ``folder``: model.safetensors if present,
+    else the shards model.safetensors.index.json names; never every *.safetensors (stale
+    shards beside a new single file, say)."""
+    if (folder / SINGLE).is_file():
+        return [folder / SINGLE]
+    if (folder / INDEX).is_file():
+        files = [folder / name for name in _index_shards(folder)]
+        missing = [f.name for f in files if not f.is_file()]
+        if missing:
+            raise OmniError(f"{folder / INDEX} names shards that are not in the folder: {missing[:5]}")
+        return files
+    raise OmniError(f"no weights in {folder}: neither {SINGLE} nor {INDEX} "
+                    f"(found: {sorted(p.name for p in folder.iterdir())[:10]})")
+
+
 def read_safetensors(folder: Path, prefixes: tuple[str, ...] | None = None) -> dict[str, torch.Tensor]:
-    """All tensors of every *.safetensors file in ``folder`` (sharded or not).
+    """All tensors of the folder's weight files (weight_files: sharded or not).
 
     ``prefixes`` keeps only keys starting with one of them.
     """
-    files = sorted(folder.glob("*.safetensors"))
-    if not files:
-        raise OmniError(f"no *.safetensors weights in {folder}")
     out: dict[str, torch.Tensor] = {}
-    for f in files:
+    for f in weight_files(folder):
         with safe_open(str(f), framework="pt") as st:
             for key in st.keys():
                 if prefixes is None or key.startswith(prefixes):
@@ -126,6 +187,7 @@ class _Entry:
     shape: tuple[int, ...]
     begin: int  # absolute byte offsets in the file
     end: int
+    stored: str = ""  # the file's own name for it, where renamed
 
 
 def _entries(path: Path) -> list[_Entry]:
@@ -163,26 +225,35 @@ def _entries(path: Path) -> list[_Entry]:
     return out
 
 
-def stream_into(module: torch.nn.Module, folder: Path, ignore: tuple[str, ...] = ()) -> None:
+def stream_into(module: torch.nn.Module, folder: Path, ignore: tuple[str, ...] = (),
+                rename: Callable[[str], str | None] | None = None) -> None:
     """Fill every tensor of ``module``'s state dict, in place and on its device, from the
-    *.safetensors files in ``folder``; a missing or unexpected key, a shape that differs, is
-    an error naming it. A stored dtype other than the tensor's is converted on the device."""
-    files = sorted(folder.glob("*.safetensors"))
-    if not files:
-        raise OmniError(f"no *.safetensors weights in {folder}")
+    folder's weight files (weight_files); a missing or unexpected key, a shape that differs, is
+    an error naming it. A stored dtype other than the tensor's is converted on the device.
+    ``rename`` maps a stored key to the module's (None: not loaded), for a checkpoint in
+    another layout; ``ignore`` holds module-side names."""
+    files = weight_files(folder)
     targets = module.state_dict()
-    per_file = [(f, [e for e in _entries(f) if e.key not in ignore]) for f in files]
+    per_file = []
+    for f in files:
+        es = []
+        for e in _entries(f):
+            key = rename(e.key) if rename else e.key
+            if key is not None and key not in ignore:
+                es.append(_Entry(key, e.dtype, e.shape, e.begin, e.end, e.key))
+        per_file.append((f, es))
     seen: dict[str, str] = {}
     for f, es in per_file:
         for e in es:
-            if e.key in seen:  # a stale single file beside shards, say: which one is meant is unknown
+            if e.key in seen:  # two shards (or two stored names) for one tensor: which is meant is unknown
                 raise OmniError(f"weights in {folder}: {e.key!r} is in both {seen[e.key]} and {f.name}")
             seen[e.key] = f.name
     _check_keys(targets.keys(), seen.keys(), folder)
     for f, es in per_file:
         for e in es:
             if tuple(targets[e.key].shape) != e.shape:
-                raise OmniError(f"weights in {folder}: {e.key!r} has shape {list(e.shape)} in {f.name}, "
+                stored = f" (stored as {e.stored!r})" if e.stored and e.stored != e.key else ""
+                raise OmniError(f"weights in {folder}: {e.key!r}{stored} has shape {list(e.shape)} in {f.name}, "
                                 f"the model's config makes it {list(targets[e.key].shape)}")
     device = next(iter(targets.values())).device
     with torch.no_grad():

@@ -130,9 +130,16 @@ def test_stream_into_refuses_files_the_safetensors_library_refuses(tmp_path):
                          "b": {"dtype": "F32", "shape": [2], "data_offsets": [4, 12]}}, bytes(12))
     with pytest.raises(OmniError, match="the bytes of tensors 'a' and 'b' overlap"):
         stream_into(ours, tmp_path)
+    # a key in two of the shards an index names (a stale file beside the single one is not read)
+    f.rename(tmp_path / "a.safetensors")
     f.write_bytes(whole)
-    save_file({"audio_lm_head.weight": ours.state_dict()["audio_lm_head.weight"].clone()}, tmp_path / "extra.safetensors")
-    with pytest.raises(OmniError, match="'audio_lm_head.weight' is in both extra.safetensors and model.safetensors"):
+    save_file({"audio_lm_head.weight": ours.state_dict()["audio_lm_head.weight"].clone()}, tmp_path / "b.safetensors")
+    stream_into(ours, tmp_path)
+    f.unlink()
+    (tmp_path / "a.safetensors").write_bytes(whole)
+    (tmp_path / "model.safetensors.index.json").write_text(json.dumps(
+        {"weight_map": {"audio_lm_head.weight": "b.safetensors", "model.norm.weight": "a.safetensors"}}))
+    with pytest.raises(OmniError, match="'audio_lm_head.weight' is in both b.safetensors and a.safetensors"):
         stream_into(ours, tmp_path)
 
 

@@ -23,7 +23,6 @@ and the last convolution too (runners/fused_codec.py).
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 
@@ -34,7 +33,8 @@ import torch.nn.functional as F
 
 from ..errors import ConfigError
 from ..attention import fused_kernels_available
-from ..checkpoint import fold_weight_norm, load_into, read_safetensors
+from ..checkpoint import fold_weight_norm, load_into
+from .codec_layout import read_codec
 
 
 # what HiggsAudioV2TokenizerConfig puts under a codec config's acoustic_model_config where it
@@ -250,13 +250,9 @@ class HiggsCodecDecoder(nn.Module):
 
     @classmethod
     def load(cls, folder: Path, dtype: torch.dtype, device: torch.device) -> "HiggsCodecDecoder":
-        cfg_path = folder / "config.json"
-        try:
-            raw = json.loads(cfg_path.read_text())
-        except (OSError, json.JSONDecodeError) as e:
-            raise ConfigError(cfg_path, None, f"cannot read codec config: {e}") from None
-        dec = cls(raw, cfg_path)
-        state = read_safetensors(folder, prefixes=("quantizer.", "fc2.", "acoustic_decoder."))
+        # either layout, under transformers' names (codec_layout.py); only the decode path's tensors
+        raw, state = read_codec(folder, prefixes=("quantizer.", "fc2.", "acoustic_decoder."))
+        dec = cls(raw, folder / "config.json")
         state = fold_weight_norm(state)
         # encode-only (project_in) and training-only (codebook statistics) tensors
         state = {k: v for k, v in state.items()

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import json
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
 from ..errors import ConfigError
+from .layouts import ORIGINAL, TRANSFORMERS, lm_layout, read_config, translate_lm_config
 
 # transformers' HiggsAudioV2Config defaults, for keys a config.json may omit
 _DEFAULT_ROPE = {
@@ -40,16 +40,18 @@ class HiggsConfig:
     audio_stream_bos_id: int
     audio_stream_eos_id: int
     eos_token_id: int
+    layout: str = field(default=TRANSFORMERS, compare=False)  # the checkpoint's (layouts.py), as read
 
     @classmethod
     def from_file(cls, path: Path) -> "HiggsConfig":
-        try:
-            raw = json.loads(Path(path).read_text())
-        except (OSError, json.JSONDecodeError) as e:
-            raise ConfigError(path, None, f"cannot read checkpoint config: {e}") from None
-        if raw.get("model_type") != "higgs_audio_v2":
-            raise ConfigError(path, "model_type", f"expected 'higgs_audio_v2', got {raw.get('model_type')!r}")
+        """transformers' layout as it is; Boson's original (layouts.py) translated as the
+        conversion script does, which reads the tokenizer.json beside ``path``."""
+        raw = read_config(path)
+        layout = lm_layout(raw, path)
+        if layout == ORIGINAL:
+            raw = translate_lm_config(raw, path)
         values = dict(raw)
+        values["layout"] = layout
         values.setdefault("head_dim", raw["hidden_size"] // raw["num_attention_heads"])
         values.setdefault("num_key_value_heads", raw["num_attention_heads"])
         values.setdefault("attention_bias", False)

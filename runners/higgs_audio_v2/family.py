@@ -18,6 +18,7 @@ from ..prompt_input import PromptInput
 from .codec import HiggsCodecDecoder
 from .config import HiggsConfig
 from .encoder import HiggsCodecEncoder
+from .layouts import ORIGINAL, chat_template_fallback, lm_key, lm_layout, read_config
 from .model import HiggsAudioV2LM
 from .prompt import PromptBuilder
 from .runner import HiggsRunner
@@ -93,14 +94,15 @@ class HiggsAudioV2(ModelFamily):
     def load(cls, spec: LoadSpec) -> "HiggsAudioV2":
         laps = _Laps(spec.device)  # where start-up goes (run.json: timings.load_phases)
         lm_dir = resolve_folder(spec.checkpoint, "checkpoint")
-        codec_dir = resolve_folder(spec.codec, "codec")
+        codec_dir = resolve_folder(spec.codec, "codec", pth=True)
         cfg = HiggsConfig.from_file(lm_dir / "config.json")
         with torch.device(spec.device), _default_dtype(spec.dtype):
             # built where and as it will run: a 5.4 B-parameter model initialised in float32 on
             # the host would dominate start-up
             model = HiggsAudioV2LM(cfg, spec.max_seq_len)
         laps("model_s")  # the first CUDA work: includes creating the context
-        stream_into(model, lm_dir, ignore=IGNORED_KEYS)  # into the tensors just made, on the device
+        rename = lm_key if cfg.layout == ORIGINAL else None  # the original's keys, renamed as they stream
+        stream_into(model, lm_dir, ignore=IGNORED_KEYS, rename=rename)  # into the tensors just made, on the device
         laps("weights_s")
         model = model.to_runtime(spec.device, spec.dtype)
         laps("fuse_s")
@@ -113,7 +115,7 @@ class HiggsAudioV2(ModelFamily):
         laps("kv_budget_s")
         runner = HiggsRunner(engine, cfg, slots, spec.max_seq_len, spec.device, spec.raw_logprobs)
         laps("cache_s")
-        prompts = PromptBuilder(lm_dir, cfg.audio_bos_token_id)
+        prompts = PromptBuilder(lm_dir, cfg.audio_bos_token_id, chat_template_fallback(lm_dir, cfg.layout))
         laps("tokenizer_s")
         family = cls(cfg, runner, codec, prompts, spec.device)
         family.kv_budget = budget
@@ -123,7 +125,10 @@ class HiggsAudioV2(ModelFamily):
 
     @classmethod
     def limits(cls, checkpoint: str) -> FamilyLimits:
-        cfg = HiggsConfig.from_file(resolve_file(checkpoint, "config.json", "checkpoint"))
+        path = resolve_file(checkpoint, "config.json", "checkpoint")
+        if lm_layout(read_config(path), path) == ORIGINAL:  # its config is read with its tokenizer (layouts.py)
+            resolve_file(checkpoint, "tokenizer.json", "checkpoint")
+        cfg = HiggsConfig.from_file(path)
         return FamilyLimits(num_streams=cfg.num_codebooks, vocab_size=cfg.codebook_size,
                             control_ids=(cfg.audio_stream_bos_id, cfg.audio_stream_eos_id))
 

@@ -16,8 +16,8 @@ from ..chat_template import ChatTokenizer
 
 
 class PromptBuilder:
-    def __init__(self, folder: Path, audio_bos_token_id: int):
-        self.tokenizer = ChatTokenizer(folder)
+    def __init__(self, folder: Path, audio_bos_token_id: int, default_template: str | None = None):
+        self.tokenizer = ChatTokenizer(folder, default_template)
         self.audio_bos_token_id = audio_bos_token_id
         # literal special tokens in user text would be parsed as control tokens
         self._specials = sorted(self.tokenizer.specials, key=len, reverse=True)

@@ -12,7 +12,9 @@ the KV cache and graph capture work.
 
 What the engine needs of a model (a family's nn.Module), and nothing more:
   model(attn: AttentionContext, **model_inputs) -> hidden [B, T, H]
-      prefill: model_inputs holds input_ids [B, T]; decode: whatever the
+      prefill: model_inputs holds input_ids [B, T], and prompt_codes
+      [B, T, streams] where a prompt has audio spans (zeros off the spans);
+      decode: whatever the
       runner's before_decode put there (Higgs: audio_codes [B, 1, C])
   model.compute_logits(hidden [B, H]) -> logits [B, ...]
   model.prefill_graph_inputs(prompts content) -> dict | None: the extra
@@ -48,6 +50,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from .attention import AttentionContext, KVCache
@@ -141,6 +144,8 @@ class Engine:
             ids = [r.prompt.ids + [0] * (t - len(r.prompt)) for r in reqs]
             positions = [list(range(t)) for _ in reqs]
             model_inputs = {"input_ids": self._tensor(ids)}
+            if any(r.prompt.audio for r in reqs):
+                model_inputs["prompt_codes"] = self._tensor(_prompt_codes([r.prompt for r in reqs], t))
             prompts = [r.prompt.content for r in reqs]  # compared by content: audio codes included
         else:
             # frame s-1 is fed at position prompt_len + s - 1 to sample frame s
@@ -282,3 +287,13 @@ class Engine:
                 for j, i in enumerate(chunk):
                     out[i] = logits[j]
         return torch.stack(out)
+
+
+def _prompt_codes(prompts: list, t: int) -> np.ndarray:
+    """Each prompt's audio spans laid out at their positions: [B, t, streams] int64, zeros elsewhere."""
+    streams = next(span.codes.shape[1] for p in prompts for span in p.audio)
+    out = np.zeros((len(prompts), t, streams), dtype=np.int64)
+    for i, p in enumerate(prompts):
+        for span in p.audio:
+            out[i, span.start: span.start + len(span.codes)] = span.codes
+    return out

@@ -67,6 +67,23 @@ class FamilyLimits:
     control_ids: tuple[int, ...]  # ids the model forces itself (Higgs: stream BOS/EOS), never suppressed
 
 
+@dataclass(frozen=True)
+class AudioTurn:
+    """An earlier turn of a prompt's conversation: the words, and the voice saying them as codec
+    codes (a reference clip, or a long row's previous chunk)."""
+
+    text: str
+    codes: np.ndarray  # [frames, num_streams] int64 codec codes (no stream BOS/EOS, no delay)
+
+
+@dataclass(frozen=True)
+class RenderedPrompt:
+    """A row's prompt before tokenizing: the chat template's text, and each audio turn's codes in order."""
+
+    text: str
+    audio: tuple[np.ndarray, ...] = ()
+
+
 class PromptFieldError(ValueError):
     """A row field the family cannot build a prompt from: (field, message)."""
 
@@ -144,12 +161,14 @@ class ModelFamily(abc.ABC):
         return priority_stream(self.runner.device)
 
     @abc.abstractmethod
-    def render_prompt(self, text: str, system: str, scene: str | None) -> str:
-        """A row's prompt as text (the checkpoint's chat template); PromptFieldError names a bad field."""
+    def render_prompt(self, text: str, system: str, scene: str | None,
+                      context: tuple[AudioTurn, ...] = ()) -> RenderedPrompt:
+        """A row's prompt (the checkpoint's chat template), after the earlier turns in ``context``;
+        PromptFieldError names a bad field."""
 
     @abc.abstractmethod
-    def encode_prompts(self, rendered: list[str]) -> list[PromptInput]:
-        """Rendered prompts -> what the engine runs, in one batch."""
+    def encode_prompts(self, rendered: list[RenderedPrompt]) -> list[PromptInput]:
+        """Rendered prompts -> what the engine runs, in one batch (audio turns as AudioSpans)."""
 
     @abc.abstractmethod
     def real_code_mask(self, tokens: np.ndarray) -> np.ndarray:

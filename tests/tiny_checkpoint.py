@@ -227,8 +227,9 @@ def drive_encoder(codec: HiggsAudioV2TokenizerModel, seed: int = 0) -> HiggsAudi
 
 
 def tiny_codec(config: HiggsAudioV2TokenizerConfig | None = None) -> HiggsAudioV2TokenizerModel:
-    """A random codec (global RNG) whose audio the codes drive: what every tiny checkpoint ships."""
-    return drive_by_codes(HiggsAudioV2TokenizerModel(config or tiny_codec_config()).eval())
+    """A random codec (global RNG) whose audio the codes drive and whose codes the audio drives:
+    what every tiny checkpoint ships."""
+    return drive_encoder(drive_by_codes(HiggsAudioV2TokenizerModel(config or tiny_codec_config()).eval()))
 
 
 def build(out: Path, seed: int = 0, eos_boost: tuple[int, float] | None = None) -> Path:

@@ -19,7 +19,6 @@ unit (runners/higgs_audio_v2/codec.py).
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 
@@ -28,10 +27,11 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from ..checkpoint import fold_weight_norm, load_into, read_safetensors
+from ..checkpoint import fold_weight_norm, load_into
 from ..errors import ConfigError
 from ..resample import resample
 from .codec import DEFAULT_BANDWIDTHS, HIGGS_ACOUSTIC_DEFAULTS, Snake1d, _ResidualUnit, num_quantizers
+from .codec_layout import read_codec
 
 # HiggsAudioV2TokenizerConfig's defaults for what a codec config.json may leave out
 CODEC_DEFAULTS = {"sample_rate": 24000, "semantic_sample_rate": 16000, "downsample_factor": 320,
@@ -240,12 +240,8 @@ class HiggsCodecEncoder(nn.Module):
     def load(cls, folder: Path, dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu",
              expect_quantizers: int | None = None) -> "HiggsCodecEncoder":
         folder = Path(folder)
-        cfg_path = folder / "config.json"
-        try:
-            config = json.loads(cfg_path.read_text())
-        except (OSError, json.JSONDecodeError) as e:
-            raise ConfigError(cfg_path, None, f"cannot read codec config: {e}") from None
-        return cls.from_state(config, read_safetensors(folder, prefixes=PREFIXES), dtype, device,
+        config, state = read_codec(folder, PREFIXES)  # either released layout, in transformers' form
+        return cls.from_state(config, state, dtype, device,
                               expect_quantizers, folder)
 
     def _semantic(self, audio: torch.Tensor) -> torch.Tensor:

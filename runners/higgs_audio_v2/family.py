@@ -13,7 +13,7 @@ import torch
 from ..budget import KVShape, build_engine
 from ..checkpoint import resolve_file, resolve_folder, stream_into
 from ..codec_stage import CodecStage
-from ..family import FamilyLimits, LoadSpec, ModelFamily, PromptFieldError
+from ..family import AudioTurn, FamilyLimits, LoadSpec, ModelFamily, PromptFieldError, RenderedPrompt
 from ..prompt_input import PromptInput
 from .codec import HiggsCodecDecoder
 from .config import HiggsConfig
@@ -115,7 +115,9 @@ class HiggsAudioV2(ModelFamily):
         laps("kv_budget_s")
         runner = HiggsRunner(engine, cfg, slots, spec.max_seq_len, spec.device, spec.raw_logprobs)
         laps("cache_s")
-        prompts = PromptBuilder(lm_dir, cfg.audio_bos_token_id, chat_template_fallback(lm_dir, cfg.layout))
+        prompts = PromptBuilder(lm_dir, cfg.audio_bos_token_id, chat_template_fallback(lm_dir, cfg.layout),
+                                (cfg.audio_token_id, cfg.audio_delay_token_id, cfg.audio_stream_bos_id,
+                                 cfg.audio_stream_eos_id))
         laps("tokenizer_s")
         family = cls(cfg, runner, codec, prompts, spec.device)
         family.kv_budget = budget
@@ -132,14 +134,16 @@ class HiggsAudioV2(ModelFamily):
         return FamilyLimits(num_streams=cfg.num_codebooks, vocab_size=cfg.codebook_size,
                             control_ids=(cfg.audio_stream_bos_id, cfg.audio_stream_eos_id))
 
-    def render_prompt(self, text: str, system: str, scene: str | None) -> str:
+    def render_prompt(self, text: str, system: str, scene: str | None,
+                      context: tuple[AudioTurn, ...] = ()) -> RenderedPrompt:
         try:
-            return self.prompts.render(text, system, scene)
+            rendered = self.prompts.render(text, system, scene, context)
         except ValueError as e:
             raise PromptFieldError(*e.args) from None
+        return RenderedPrompt(rendered, tuple(np.asarray(t.codes, dtype=np.int64) for t in context))
 
-    def encode_prompts(self, rendered: list[str]) -> list[PromptInput]:
-        return [PromptInput(ids) for ids in self.prompts.encode_all(rendered)]
+    def encode_prompts(self, rendered: list[RenderedPrompt]) -> list[PromptInput]:
+        return self.prompts.encode_inputs([(r.text, r.audio) for r in rendered])
 
     def encode_audio(self, clips: list[np.ndarray]) -> list[np.ndarray]:
         """Mono float32 clips at sample_rate -> codes [frames, num_streams] int64 each. The
@@ -153,8 +157,8 @@ class HiggsAudioV2(ModelFamily):
 
     @property
     def codec_identity(self) -> str:
-        """sha256 over the codec folder's config.json and its *.safetensors files (sorted by
-        name; each name and size before its bytes), hashed once."""
+        """sha256 over the codec folder's config.json and its weight files (sorted by name; each
+        name and size before its bytes), hashed once."""
         if self._codec_identity is None:
             if self.codec_dir is None:
                 raise NotImplementedError("this HiggsAudioV2 was not loaded from a codec folder")
@@ -169,7 +173,7 @@ class HiggsAudioV2(ModelFamily):
 def codec_digest(folder: Path) -> str:
     """Hex sha256 of a codec folder's config.json and weights, read in 1 MiB pieces."""
     h = hashlib.sha256()
-    for f in [folder / "config.json", *sorted(folder.glob("*.safetensors"))]:
+    for f in [folder / "config.json", *sorted(p for p in folder.iterdir() if p.suffix in (".safetensors", ".pth"))]:
         h.update(f"{f.name}\0{f.stat().st_size}\0".encode())
         with open(f, "rb") as fh:
             while piece := fh.read(1 << 20):

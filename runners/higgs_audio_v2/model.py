@@ -342,11 +342,18 @@ class HiggsAudioV2LM(nn.Module):
         return {"split": _TEXT_ONLY}
 
     def forward(self, ctx: AttentionContext, input_ids: torch.Tensor | None = None,
-                audio_codes: torch.Tensor | None = None, split: TokenSplit | None = None) -> torch.Tensor:
-        """Prefill: input_ids [B, T] text tokens. Decode: audio_codes [B, 1, C]. Returns hidden [B, T, H].
-        ``split``: the prefill's routing, if known on the host (else read from input_ids, one sync)."""
+                audio_codes: torch.Tensor | None = None, split: TokenSplit | None = None,
+                prompt_codes: torch.Tensor | None = None) -> torch.Tensor:
+        """Prefill: input_ids [B, T] text tokens, and prompt_codes [B, T, C] where a prompt holds audio
+        turns (their codes at the audio and delay token positions; anything elsewhere). Decode:
+        audio_codes [B, 1, C]. Returns hidden [B, T, H]. ``split``: the prefill's routing, if known
+        on the host (else read from input_ids, one sync)."""
         if input_ids is not None:
             x = self.model.embed_tokens(input_ids)
+            if prompt_codes is not None:  # as transformers: audio placeholders take the codes' summed embeddings
+                a, d = self._audio_ids()
+                at = ((input_ids == a) | (input_ids == d))[..., None]
+                x = torch.where(at, self.model.embed_audio_tokens(prompt_codes), x)
             if split is None:
                 a, d = self._audio_ids()
                 split = TokenSplit((input_ids == a) | (input_ids == d))

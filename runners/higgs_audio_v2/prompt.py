@@ -1,31 +1,61 @@
 """Prompt construction from the checkpoint's own tokenizer and chat template.
 
-The conversation is [system, scene (optional), user]; the template's
-generation prompt opens the assistant turn and must end in <|audio_out_bos|>.
-The ids equal what HiggsAudioV2Processor.apply_chat_template builds from the
-same conversation (tests compare them), without loading the processor, whose
-audio tokenizer would need torchaudio, or transformers (runners/chat_template.py).
+The conversation is [system, scene (optional), (user, assistant audio) per
+earlier turn, user]; the template's generation prompt opens the assistant turn
+and must end in <|audio_out_bos|>. An earlier turn's audio (a reference voice,
+or a long row's previous chunk) is its codec codes, placed as
+HiggsAudioV2Processor places them: wrapped in stream BOS/EOS, delayed (codebook
+k lags k frames), and fed at the template's <|AUDIO_OUT|>, which expands into
+(delayed frames - (C - 1)) audio tokens and C - 1 delay tokens. The ids equal
+what the processor builds from the same conversation (tests compare them),
+without loading the processor, whose audio tokenizer would need torchaudio, or
+transformers (runners/chat_template.py).
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
+
 from ..errors import OmniError
 from ..chat_template import ChatTokenizer
+from ..prompt_input import AudioSpan, PromptInput
+
+AUDIO_OUT = "<|AUDIO_OUT|>"  # the template's placeholder for an assistant turn's audio
+
+
+def delay_pattern(codes: np.ndarray, bos: int, eos: int) -> np.ndarray:
+    """codes [T, C] -> the model's input frames [T + 2 + C - 1, C]: stream BOS and EOS around
+    the codes, codebook k shifted k frames later (BOS before it, EOS after it)."""
+    t, c = codes.shape
+    wrapped = np.concatenate([np.full((1, c), bos), codes, np.full((1, c), eos)]).astype(np.int64)
+    out = np.empty((t + 2 + c - 1, c), dtype=np.int64)
+    for k in range(c):
+        out[:k, k] = bos
+        out[k: k + t + 2, k] = wrapped[:, k]
+        out[k + t + 2:, k] = eos
+    return out
 
 
 class PromptBuilder:
-    def __init__(self, folder: Path, audio_bos_token_id: int, default_template: str | None = None):
+    def __init__(self, folder: Path, audio_bos_token_id: int, default_template: str | None = None,
+                 audio: tuple[int, int, int, int] | None = None):
+        """``audio``: (audio token id, delay token id, stream BOS, stream EOS), for prompts with audio turns."""
         self.tokenizer = ChatTokenizer(folder, default_template)
         self.audio_bos_token_id = audio_bos_token_id
+        self.audio_token_id, self.audio_delay_token_id, self.stream_bos, self.stream_eos = audio or (-1, -1, -1, -1)
         # literal special tokens in user text would be parsed as control tokens
         self._specials = sorted(self.tokenizer.specials, key=len, reverse=True)
 
-    def conversation(self, text: str, system: str, scene: str | None) -> list[dict]:
+    def conversation(self, text: str, system: str, scene: str | None, context: tuple = ()) -> list[dict]:
+        """``context``: earlier (text, audio) turns, each a user turn and an assistant audio turn."""
         conv = [{"role": "system", "content": [{"type": "text", "text": system}]}]
         if scene:
             conv.append({"role": "scene", "content": [{"type": "text", "text": scene}]})
+        for turn in context:
+            conv.append({"role": "user", "content": [{"type": "text", "text": turn.text}]})
+            conv.append({"role": "assistant", "content": [{"type": "audio", "audio": AUDIO_OUT}]})
         conv.append({"role": "user", "content": [{"type": "text", "text": text}]})
         return conv
 
@@ -33,16 +63,51 @@ class PromptBuilder:
         """Token ids of the prompt. Raises ValueError(field, message) for bad content."""
         return self.encode_all([self.render(text, system, scene)])[0]
 
-    def render(self, text: str, system: str, scene: str | None) -> str:
-        """The prompt as the chat template writes it. Raises ValueError(field, message) for bad content."""
-        for field, value in (("text", text), ("system", system), ("scene", scene)):
+    def render(self, text: str, system: str, scene: str | None, context: tuple = ()) -> str:
+        """The prompt as the chat template writes it, one <|AUDIO_OUT|> an earlier turn (unexpanded).
+        Raises ValueError(field, message) for bad content."""
+        fields = [("text", text), ("system", system), ("scene", scene)]
+        fields += [("ref_text" if i == 0 else "text", t.text) for i, t in enumerate(context)]
+        for field, value in fields:
             for special in self._specials:
                 if value and special in value:
                     raise ValueError(field, f"contains the special token {special!r}")
         try:
-            return self.tokenizer.render(self.conversation(text, system, scene), add_generation_prompt=True)
+            rendered = self.tokenizer.render(self.conversation(text, system, scene, context), add_generation_prompt=True)
         except ValueError as e:  # the template's raise_exception
             raise ValueError("text", f"the checkpoint's chat template refused this row: {e}") from None
+        if rendered.count(AUDIO_OUT) != len(context):
+            raise OmniError(f"the checkpoint's chat template wrote {rendered.count(AUDIO_OUT)} {AUDIO_OUT} "
+                            f"for {len(context)} audio turns")
+        return rendered
+
+    def expand(self, rendered: str, audio: tuple) -> tuple[str, list[np.ndarray]]:
+        """Each <|AUDIO_OUT|> expanded for its codes [T, C] (as the processor does); returns the text
+        and each turn's delayed input frames."""
+        delayed = [delay_pattern(np.asarray(c), self.stream_bos, self.stream_eos) for c in audio]
+        pieces = rendered.split(AUDIO_OUT)
+        out = [pieces[0]]
+        for frames, after in zip(delayed, pieces[1:]):
+            c = frames.shape[1]
+            out.append(AUDIO_OUT * (len(frames) - (c - 1)) + self._delay_token * (c - 1) + after)
+        return "".join(out), delayed
+
+    def encode_inputs(self, prompts: list[tuple[str, tuple]]) -> list[PromptInput]:
+        """(rendered text, each turn's codes) -> PromptInputs, tokenized in one batch."""
+        expanded = [self.expand(text, audio) for text, audio in prompts]
+        out = []
+        for ids, (_, delayed) in zip(self.encode_all([e[0] for e in expanded]), expanded):
+            spans, at = [], 0
+            for frames in delayed:  # each turn's first audio token starts its span
+                at = ids.index(self.audio_token_id, at)
+                spans.append(AudioSpan(at, frames))
+                at += len(frames)
+            out.append(PromptInput(ids, tuple(spans)))
+        return out
+
+    @property
+    def _delay_token(self) -> str:
+        return self.tokenizer.token_of(self.audio_delay_token_id)
 
     def encode_all(self, rendered: list[str]) -> list[list[int]]:
         """Token ids of rendered prompts, in one batch: the tokenizer spreads a batch over the

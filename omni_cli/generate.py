@@ -348,7 +348,7 @@ def _render(r: PromptRow, system: str, base_params: SamplingParams, model: Model
     except ValueError as e:
         raise RowError(r.row, "min_new_frames", str(e)) from None
     try:
-        return params, model.render_prompt(r.text, system, r.scene)
+        return params, model.render_prompt(r.text, system, r.scene, r.context)
     except PromptFieldError as e:
         raise RowError(r.row, e.field, e.message) from None
 

@@ -36,6 +36,7 @@ class PromptRow:
     seed: int | None = None
     overrides: dict[str, Any] = field(default_factory=dict)  # per-row sampling values
     error: str | None = None  # set when the row is invalid
+    context: tuple = ()  # earlier turns (runners.family.AudioTurn) the job attaches: a reference voice
 
 
 def _check_row(row: int, data: dict[str, Any]) -> PromptRow:

@@ -118,6 +118,8 @@ def generate(
                                       "it is written (logs and progress stay on stderr)."),
     shard: Optional[str] = typer.Option(None, "--shard", metavar="I/N", help="Run only shard I of N (0 <= I < N): the "
                                         "rows whose id hashes there; join the folders with `omni merge`."),
+    voices: Optional[Path] = typer.Option(None, "--voices", help="Voice bank YAML (name: {audio, text}) for rows' "
+                                          "`voice` field, over the model config's voices."),
 ) -> None:
     """Generate speech for every prompt row.
 
@@ -140,7 +142,8 @@ def generate(
                            ras_win_max_num_repeat=ras_win_max_num_repeat, suppress_tokens=suppress,
                            max_new_frames=max_new_frames, min_new_frames=min_new_frames, deterministic=deterministic,
                            raw_logprobs=raw_logprobs, async_decode=async_decode, fmt=fmt, quiet=quiet, overwrite=overwrite,
-                           resume=resume, max_failures=max_failures, jsonl_stdout=jsonl_stdout, shard=shard_spec)
+                           resume=resume, max_failures=max_failures, jsonl_stdout=jsonl_stdout, shard=shard_spec,
+                           voices=voices)
     summary = _run(lambda: run_generate(opts))
     if summary.exit_code:
         raise typer.Exit(summary.exit_code)
@@ -151,11 +154,12 @@ def validate(
     prompts: str = typer.Argument(..., metavar="PROMPTS", help="Prompt file (.jsonl, .json, .csv or text lines), "
                                   "or - for stdin."),
     model: Optional[str] = typer.Option(None, "--model", help="Model config: a YAML path or a name in configs/."),
+    voices: Optional[Path] = typer.Option(None, "--voices", help="Voice bank YAML, as omni generate takes it."),
 ) -> None:
     """Check every row as omni generate would, without loading the model; print each problem."""
     from omni_cli.validate import run_validate
 
-    bad = _run(lambda: run_validate(prompts, model))
+    bad = _run(lambda: run_validate(prompts, model, voices))
     for r in bad:
         typer.echo(f"id {r.id!r}: {r.error}")
     typer.echo(f"omni: {len(bad)} invalid rows" if bad else "omni: every row is valid", err=True)
@@ -237,6 +241,30 @@ def bench(
         typer.echo(f"omni: error: --dtype must be one of {', '.join(DTYPES)}", err=True)
         raise typer.Exit(2)
     _run(lambda: run_bench(shape, batch, frames, prompt_len, pick_device(device), DTYPES[dtype], out, plot))
+
+
+voices_app = typer.Typer(add_completion=False, no_args_is_help=True, rich_markup_mode=None,
+                         help="Reference voices: encode a voice bank ahead of runs.")
+app.add_typer(voices_app, name="voices")
+
+
+@voices_app.command("encode", epilog="Exit codes: 0 every voice encoded or cached; 1 a voice failed; 2 bad arguments.")
+def voices_encode(
+    bank: Optional[Path] = typer.Argument(None, metavar="VOICES_YAML", help="Voice bank (name: {audio, text}); "
+                                          "default: the model config's voices."),
+    model: Optional[str] = typer.Option(None, "--model", help="Model config: a YAML path or a name in configs/."),
+    force: bool = typer.Option(False, "--force", help="Encode again even where the cache has the codes."),
+) -> None:
+    """Encode each voice's reference audio once and cache its codes (keyed by the audio's sha256 and the
+    codec), so runs that use the voices skip the encoder."""
+    from omni_cli.voices import cache_dir, run_encode_bank
+
+    report = _run(lambda: run_encode_bank(bank, model, force))
+    for name, what in report:
+        typer.echo(f"{name}: {what}")
+    typer.echo(f"omni: cache {cache_dir()}", err=True)
+    if any(what.startswith("failed") for _, what in report):
+        raise typer.Exit(1)
 
 
 def _run(fn):

@@ -14,6 +14,7 @@ from typing import Any
 import yaml
 
 from omni_cli.errors import ConfigError
+from omni_cli.voices import parse_bank
 from omni_cli.runners.sampling.params import FIELD_NAMES, SamplingParams, check_field
 
 
@@ -44,10 +45,12 @@ class ModelConfig:
     deterministic: bool = False  # batch-shape-invariant arithmetic (see runners/engine.py)
     system_prompt: str = "Generate audio following instruction."
     sampling: SamplingParams = field(default_factory=SamplingParams)
+    voices: dict = field(default_factory=dict)  # the voice bank: name -> omni_cli.voices.Voice
 
     def as_dict(self) -> dict[str, Any]:
-        d = {k: getattr(self, k) for k in self.__dataclass_fields__ if k not in ("path", "sampling")}
+        d = {k: getattr(self, k) for k in self.__dataclass_fields__ if k not in ("path", "sampling", "voices")}
         d["path"] = str(self.path)
+        d["voices"] = {n: {"audio": str(v.path), "text": v.text} for n, v in self.voices.items()}
         d["sampling"] = self.sampling.as_record()
         return d
 
@@ -64,6 +67,7 @@ _TOP_KEYS = {
     "deterministic": bool,
     "system_prompt": str,
     "sampling": dict,
+    "voices": dict,
 }
 _REQUIRED = ("family", "checkpoint", "codec")
 
@@ -143,7 +147,8 @@ def load_config(spec: str | Path | None) -> ModelConfig:
     except ValueError as e:
         raise ConfigError(path, "sampling.min_new_frames", str(e)) from None
 
-    values = {k: v for k, v in raw.items() if k != "sampling"}
+    values = {k: v for k, v in raw.items() if k not in ("sampling", "voices")}
+    values["voices"] = parse_bank(raw["voices"], path) if raw.get("voices") else {}
     values["checkpoint"] = _resolve_location(path, "checkpoint", raw["checkpoint"])
     values["codec"] = _resolve_location(path, "codec", raw["codec"])
     return ModelConfig(path=path, sampling=sampling, **values)

@@ -36,6 +36,7 @@ from omni_cli.scheduler import Request, Scheduler
 from omni_cli.shard import Shard
 from omni_cli.signals import SignalGuard, exit_code
 from omni_cli.validate import check_run
+from omni_cli.voices import attach_references, check_references, prompt_base, read_bank_file, too_long
 from omni_cli.warmup import warm_up_lm
 
 # exit codes (cli.py's --help and README's table say the same)
@@ -69,6 +70,7 @@ class GenerateOptions:
     max_failures: int | None = None  # stop once this many rows have failed (the rest: status skipped)
     jsonl_stdout: bool = False  # each manifest row written also goes to stdout, as rows complete
     shard: Shard | None = None  # --shard i/n: only the rows whose id hashes to shard i (omni_cli/shard.py)
+    voices: Path | None = None  # --voices: a voice bank file, over the config's voices
 
 
 @dataclass
@@ -109,10 +111,13 @@ def _run(opts: GenerateOptions, config: ModelConfig, base_params: SamplingParams
     t["read"] = time.perf_counter()
     family = family_class(config.family, config.path)  # the family's imports
     check_run(rows, base_params, config, family.limits(config.checkpoint), opts.fmt)  # nothing loaded yet
+    clips = check_references(rows, config.voices, prompt_base(opts.prompts))  # read and checked, not encoded
     t["family"] = time.perf_counter()
     spec = _load_spec(config, opts)
     model = family.load(spec)
     t["loaded"] = time.perf_counter()
+    references = attach_references(rows, model, clips)
+    t["references"] = time.perf_counter()
 
     identity = _model_identity(config, spec, opts)
     earlier = {e["id"]: e for e in read_manifest_lenient(opts.out / "metadata.jsonl")} if opts.resume else {}
@@ -182,6 +187,7 @@ def _run(opts: GenerateOptions, config: ModelConfig, base_params: SamplingParams
     writer.close()
     t["end"] = time.perf_counter()
     record = run_record(opts, config, model, results, progress, audio, stats, interrupted, t)
+    record["references"] = references.as_record()
     record["totals"].update(kept=len(kept), exit_code=code,
                             run_error=None if fault is None else f"{type(fault).__name__}: {fault}")
     write_run_json(opts.out, record)
@@ -233,6 +239,8 @@ def _model_identity(config: ModelConfig, spec: LoadSpec, opts: GenerateOptions) 
 def _settings(opts: GenerateOptions) -> tuple[ModelConfig, SamplingParams]:
     """The model config with the flags applied, and the run's sampling defaults (the YAML's, then the flags)."""
     config = load_config(opts.model)
+    if opts.voices is not None:
+        config = replace(config, voices={**config.voices, **read_bank_file(opts.voices)})
     if opts.max_batch_size is not None:
         if opts.max_batch_size < 1:
             raise OmniError(f"--max-batch-size must be >= 1, got {opts.max_batch_size}")
@@ -277,6 +285,8 @@ def _queue(rows: list[PromptRow], model: ModelFamily, config: ModelConfig, base_
             params, text = _render(r, system, base_params, model)
             content = {"text": r.text, "scene": r.scene, "system": system, "sampling": params.as_record(),
                        "seed": r.seed, "run_seed": run_seed, "model": identity}
+            if r.reference is not None:  # the clip's bytes and transcript, not its path or name
+                content["reference"] = {"sha256": r.reference[1], "text": r.reference[0].text}
             digest = row_hash(content)
         except RowError as e:
             rejected.append((r, str(e)))
@@ -305,6 +315,8 @@ def _queue(rows: list[PromptRow], model: ModelFamily, config: ModelConfig, base_
             scheduler.add(req)
         except ValueError as e:  # the prompt alone, or with its frames, past the context
             field = "text" if len(req.prompt_ids) >= config.max_seq_len else "max_new_frames"
+            if r.context:
+                field, e = too_long(r, prompt, params.max_new_frames, config.max_seq_len, model.frame_rate)
             rejected.append((r, str(RowError(r.row, field, str(e)))))
             continue
         except Exception as e:  # noqa: BLE001

@@ -19,7 +19,7 @@ from typing import Any
 from omni_cli.errors import OmniError, RowError
 from omni_cli.runners.sampling.params import FIELD_NAMES, check_field, check_seed
 
-ROW_FIELDS = ("id", "text", "scene", "system", "seed") + FIELD_NAMES
+ROW_FIELDS = ("id", "text", "scene", "system", "seed", "ref_audio", "ref_text", "voice") + FIELD_NAMES
 _CSV_INTS = ("seed", "top_k", "max_new_frames", "min_new_frames", "ras_win_len", "ras_win_max_num_repeat")
 _CSV_FLOATS = ("temperature", "top_p", "min_p", "repetition_penalty")
 # ids become file names: keep them portable and unambiguous
@@ -36,6 +36,10 @@ class PromptRow:
     seed: int | None = None
     overrides: dict[str, Any] = field(default_factory=dict)  # per-row sampling values
     error: str | None = None  # set when the row is invalid
+    ref_audio: str | None = None  # a reference clip's path, relative to the prompt file
+    ref_text: str | None = None  # its transcript
+    voice: str | None = None  # a name in the voice bank (instead of ref_audio)
+    reference: tuple | None = None  # (omni_cli.voices.Voice, its clip's sha256), once checked
     context: tuple = ()  # earlier turns (runners.family.AudioTurn) the job attaches: a reference voice
 
 
@@ -59,7 +63,8 @@ def _check_row(row: int, data: dict[str, Any]) -> PromptRow:
         if value is not None and not isinstance(value, str):
             raise RowError(row, key, f"must be a string, got {value!r}")
         setattr(out, key, value)
-    for key in ("text", "scene", "system"):
+    _check_reference(row, data, out)
+    for key in ("text", "scene", "system", "ref_text"):
         value = data.get(key)
         if value is not None and (bad := _unencodable(value)):
             raise RowError(row, key, bad)
@@ -75,6 +80,22 @@ def _check_row(row: int, data: dict[str, Any]) -> PromptRow:
             except ValueError as e:
                 raise RowError(row, key, str(e)) from None
     return out
+
+
+def _check_reference(row: int, data: dict[str, Any], out: PromptRow) -> None:
+    """ref_audio with its ref_text, or a voice name; never both."""
+    for key in ("ref_audio", "ref_text", "voice"):
+        value = data.get(key)
+        if value is not None and (not isinstance(value, str) or not value.strip()):
+            raise RowError(row, key, f"must be a non-empty string, got {value!r}")
+    if data.get("voice") is not None and data.get("ref_audio") is not None:
+        raise RowError(row, "voice", "give either voice or ref_audio, not both")
+    if data.get("ref_audio") is not None and data.get("ref_text") is None:
+        raise RowError(row, "ref_text", "ref_audio needs ref_text, the transcript of the reference")
+    if data.get("ref_text") is not None and data.get("ref_audio") is None:
+        field = "voice" if data.get("voice") is not None else "ref_text"
+        raise RowError(row, field, "ref_text goes with ref_audio (a bank voice has its own text)")
+    out.ref_audio, out.ref_text, out.voice = data.get("ref_audio"), data.get("ref_text"), data.get("voice")
 
 
 def _unencodable(value: str) -> str | None:

@@ -20,8 +20,17 @@ from omni_cli.scheduler import Request
 
 def input_fields(r: PromptRow, system: str | None) -> dict:
     """A failed row's input as the manifest keeps it, so that it can be fixed from there."""
+    refs = {k: getattr(r, k) for k in ("ref_audio", "ref_text", "voice") if getattr(r, k) is not None}
     return {"text": r.text, "scene": r.scene, "system": r.system if system is None else system, "seed": r.seed,
-            **r.overrides}
+            **refs, **r.overrides}
+
+
+def reference_record(r: PromptRow) -> dict | None:
+    """The manifest's record of a row's reference voice: what `omni verify` regenerates it from."""
+    if r.reference is None:
+        return None
+    voice, sha = r.reference
+    return {"name": voice.name, "file": str(voice.path), "sha256": sha, "text": voice.text}
 
 
 class RowResults:
@@ -67,6 +76,8 @@ class RowResults:
         t_write = time.perf_counter()
         meta = {"row": row.row, "text": row.text, "scene": row.scene, "system": system, "seed": req.seed,
                 "finish_reason": req.finish_reason, **req.params.as_record(), "row_hash": digest}
+        if row.reference is not None:
+            meta["reference"] = reference_record(row)
         try:
             raw = req.raw_logprobs.array if len(req.raw_logprobs) else None
             record = self.writer.write_ok(row.row, req.rid, samples, tokens, logprobs,

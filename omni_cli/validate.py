@@ -9,12 +9,15 @@ runs the same checks and prints every problem without loading anything.
 from __future__ import annotations
 
 
+from pathlib import Path
+
 from omni_cli.config import ModelConfig, load_config
 from omni_cli.errors import OmniError, RowError
 from omni_cli.output import check_format
 from omni_cli.prompts import PromptRow, read_prompts
 from omni_cli.runners.family import FamilyLimits, family_class
 from omni_cli.runners.sampling.params import SamplingParams, limit_problems
+from omni_cli.voices import check_references, prompt_base, read_bank_file
 
 
 def check_rows(rows: list[PromptRow], base_params: SamplingParams, config: ModelConfig,
@@ -47,10 +50,12 @@ def check_run(rows: list[PromptRow], base_params: SamplingParams, config: ModelC
     check_rows(rows, base_params, config, limits)
 
 
-def run_validate(prompts: str, model: str | None) -> list[PromptRow]:
+def run_validate(prompts: str, model: str | None, voices: Path | None = None) -> list[PromptRow]:
     """Every row of ``prompts`` checked as `omni generate` checks it before loading; the bad ones."""
     config = load_config(model)
+    bank = {**config.voices, **(read_bank_file(voices) if voices is not None else {})}
     rows = read_prompts(prompts)
     limits = family_class(config.family, config.path).limits(config.checkpoint)
     check_run(rows, config.sampling, config, limits, "wav")
+    check_references(rows, bank, prompt_base(prompts))
     return [r for r in rows if r.error is not None]

@@ -39,6 +39,16 @@ def _load(out: Path) -> tuple[dict, list[dict]]:
     return run, rows
 
 
+def _rerun_row(r: dict, keep: tuple) -> dict:
+    """A manifest row as a prompt row again; a reference voice by its recorded file and transcript
+    (the bank that named it need not be given again; a changed file fails the row's check)."""
+    row = {k: r[k] for k in keep if r.get(k) is not None}
+    ref = r.get("reference")
+    if ref:
+        row |= {"ref_audio": ref["file"], "ref_text": ref["text"]}
+    return row
+
+
 def run_verify(out: Path, sample: int, batch_size: int | None, seed: int, quiet: bool) -> list[RowCheck]:
     run, rows = _load(out)
     ok_rows = [r for r in rows if r.get("status") == "ok"]
@@ -54,8 +64,7 @@ def run_verify(out: Path, sample: int, batch_size: int | None, seed: int, quiet:
     with tempfile.TemporaryDirectory(prefix="omni-verify-") as tmp:
         prompts = Path(tmp) / "rows.jsonl"
         keep = ("id", "text", "scene", "system", "seed") + FIELD_NAMES
-        prompts.write_text("".join(
-            json.dumps({k: r[k] for k in keep if r.get(k) is not None}) + "\n" for r in picked))
+        prompts.write_text("".join(json.dumps(_rerun_row(r, keep)) + "\n" for r in picked))
         again = Path(tmp) / "out"
         run_generate(GenerateOptions(
             prompts=str(prompts), out=again, model=run["config"]["path"], max_batch_size=batch_size,

@@ -1,0 +1,288 @@
+"""Reference voices: a row's ``ref_audio``/``ref_text`` or ``voice``, the voice bank, the clips and their codes.
+
+A reference is read and checked before the model loads (missing, unreadable, empty or
+silent audio fails its rows alone). After loading, each distinct clip (by the sha256 of its
+file's bytes) is encoded once, whatever number of rows use it, in one call to the family's
+``encode_audio``; its codes are cached on disk under the codec's identity, so a later run, or
+``omni voices encode`` ahead of it, skips the encoder.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import os
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import yaml
+
+from omni_cli.errors import ConfigError, RowError
+
+SILENT_PEAK = 1e-4  # -80 dBFS: below this a reference holds no voice to clone
+
+
+@dataclass(frozen=True)
+class Voice:
+    path: Path  # the audio file, absolute
+    text: str  # its transcript
+    name: str | None = None  # the bank's name; None for a row's own ref_audio
+
+
+@dataclass
+class Clip:
+    sha256: str  # of the file's bytes: what identifies a reference
+    samples: np.ndarray  # [n] float32 mono, at the file's rate
+    rate: int
+
+
+def parse_bank(raw: object, source: Path, key: str = "voices") -> dict[str, Voice]:
+    """A YAML mapping name -> {audio, text}; audio paths relative to ``source``'s folder."""
+    if not isinstance(raw, dict):
+        raise ConfigError(source, key, "must be a mapping of voice names to {audio, text}")
+    bank = {}
+    for name, entry in raw.items():
+        where = f"{key}.{name}"
+        if not isinstance(name, str) or not name:
+            raise ConfigError(source, where, "a voice name must be a non-empty string")
+        if not isinstance(entry, dict) or set(entry) - {"audio", "text"}:
+            raise ConfigError(source, where, "must be a mapping with the keys audio and text")
+        for field in ("audio", "text"):
+            if not isinstance(entry.get(field), str) or not entry[field].strip():
+                raise ConfigError(source, f"{where}.{field}", "must be a non-empty string")
+        bank[name] = Voice((source.parent / Path(entry["audio"]).expanduser()).resolve(), entry["text"], name)
+    return bank
+
+
+def read_bank_file(path: Path) -> dict[str, Voice]:
+    """``--voices voices.yaml``: a file whose top level is ``voices:``, or the mapping itself."""
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except (OSError, yaml.YAMLError) as e:
+        raise ConfigError(path, None, f"cannot read the voice bank: {e}") from None
+    if isinstance(raw, dict) and set(raw) == {"voices"}:
+        return parse_bank(raw["voices"], path.resolve())
+    return parse_bank(raw, path.resolve(), key="")
+
+
+def row_voice(r, bank: dict[str, Voice], base: Path) -> Voice | None:
+    """The row's reference (RowError naming the field when it has a bad one), or None."""
+    if r.voice is not None:
+        if r.voice not in bank:
+            known = ", ".join(sorted(bank)) or "none: give --voices or the config's voices"
+            raise RowError(r.row, "voice", f"no voice {r.voice!r} in the voice bank (known: {known})")
+        return bank[r.voice]
+    if r.ref_audio is None:
+        return None
+    return Voice((base / Path(r.ref_audio).expanduser()).resolve(), r.ref_text)
+
+
+def read_clip(path: Path) -> Clip:
+    """The file's audio, downmixed to mono; ValueError says what is wrong with it."""
+    import soundfile as sf
+
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        raise ValueError(f"{path}: no such file") from None
+    except OSError as e:
+        raise ValueError(f"{path}: cannot be read: {e.strerror or e}") from None
+    try:
+        samples, rate = sf.read(io.BytesIO(data), dtype="float32", always_2d=True)
+    except Exception as e:  # noqa: BLE001  (libsndfile's errors: not audio, a format it lacks)
+        raise ValueError(f"{path}: not audio that soundfile reads ({e})") from None
+    if samples.shape[0] == 0:
+        raise ValueError(f"{path}: the audio is empty")
+    mono = samples.mean(axis=1, dtype=np.float32)  # downmix: the channels' mean
+    if not np.isfinite(mono).all():
+        raise ValueError(f"{path}: the audio holds NaN or infinite samples")
+    if float(np.abs(mono).max()) < SILENT_PEAK:
+        raise ValueError(f"{path}: the audio is silent (peak below {SILENT_PEAK:g})")
+    return Clip(hashlib.sha256(data).hexdigest(), mono, int(rate))
+
+
+def check_references(rows: list, bank: dict[str, Voice], base: Path) -> dict[str, Clip]:
+    """Before loading: each row's reference resolved and its file read and checked; a bad one
+    fails its rows (r.error). Sets r.reference on good rows; returns the clips by sha256."""
+    clips: dict[str, Clip] = {}
+    by_path: dict[Path, Clip | str] = {}
+    for r in rows:
+        if r.error is not None:
+            continue
+        try:
+            voice = row_voice(r, bank, base)
+        except RowError as e:
+            r.error = str(e)
+            continue
+        if voice is None:
+            continue
+        if voice.path not in by_path:
+            try:
+                by_path[voice.path] = read_clip(voice.path)
+            except ValueError as e:
+                by_path[voice.path] = str(e)
+        clip = by_path[voice.path]
+        if isinstance(clip, str):
+            field = "voice" if voice.name else "ref_audio"
+            r.error = str(RowError(r.row, field, f"{'voice ' + repr(voice.name) + ': ' if voice.name else ''}{clip}"))
+            continue
+        clips[clip.sha256] = clip
+        r.reference = (voice, clip.sha256)
+    return clips
+
+
+def cache_dir() -> Path:
+    """Where reference codes are kept: $OMNI_CACHE_DIR, else $XDG_CACHE_HOME/omni-cli, else ~/.cache/omni-cli."""
+    if os.environ.get("OMNI_CACHE_DIR"):
+        return Path(os.environ["OMNI_CACHE_DIR"]).expanduser() / "voices"
+    base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    return base / "omni-cli" / "voices"
+
+
+@dataclass
+class EncodeStats:
+    distinct: int = 0  # distinct references the run's rows use
+    encoded: int = 0  # of them, run through the encoder in this run
+    cached: int = 0  # of them, read from the cache
+
+    def as_record(self) -> dict:
+        return {"distinct": self.distinct, "encoded": self.encoded, "cached": self.cached}
+
+
+def encode_clips(model, clips: dict[str, Clip], read_cache: bool = True) -> tuple[dict, EncodeStats]:
+    """sha256 -> codes [frames, streams] int64, or the exception that encoding it raised. Each
+    clip is resampled to the model's rate (runners/resample.py: torchaudio's algorithm) and
+    encoded once; all uncached clips go to the encoder in one call (one by one after a failure,
+    so that only a clip that fails fails its rows)."""
+    from omni_cli.runners.resample import resample
+    import torch
+
+    stats = EncodeStats(distinct=len(clips))
+    folder = cache_dir() / model.codec_identity.replace("sha256:", "")[:32]
+    out: dict[str, np.ndarray | Exception] = {}
+    todo = []
+    for sha in sorted(clips):
+        path = folder / f"{sha}.npy"
+        if read_cache and path.is_file():
+            try:
+                out[sha] = np.load(path, allow_pickle=False)
+                stats.cached += 1
+                continue
+            except (OSError, ValueError):
+                pass  # a damaged entry: encode again, and replace it
+        todo.append(sha)
+    if not todo:
+        return out, stats
+    audio = {}
+    for sha in todo:
+        c = clips[sha]
+        x = torch.from_numpy(c.samples)
+        audio[sha] = resample(x, c.rate, model.sample_rate).numpy() if c.rate != model.sample_rate else c.samples
+    try:
+        codes = dict(zip(todo, model.encode_audio([audio[s] for s in todo])))
+    except Exception:  # noqa: BLE001  (one bad clip must not fail the others: again one by one)
+        codes = {}
+        for sha in todo:
+            try:
+                codes[sha] = model.encode_audio([audio[sha]])[0]
+            except Exception as e:  # noqa: BLE001
+                codes[sha] = e
+    for sha, got in codes.items():
+        out[sha] = got
+        if isinstance(got, np.ndarray):
+            stats.encoded += 1
+            _store(folder / f"{sha}.npy", got)
+    return out, stats
+
+
+def _store(path: Path, codes: np.ndarray) -> None:
+    """Atomically: a reader never sees half a file (runs may share a cache)."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
+        with os.fdopen(fd, "wb") as f:
+            np.save(f, np.ascontiguousarray(codes, dtype=np.int64))
+        os.replace(tmp, path)
+    except OSError:
+        pass  # a cache that cannot be written only costs a later run the encoding
+
+
+def prompt_base(prompts: str) -> Path:
+    """What a row's relative ref_audio is relative to: the prompt file's folder (stdin, a pipe: here)."""
+    path = Path(prompts)
+    return path.resolve().parent if prompts != "-" and path.is_file() else Path.cwd()
+
+
+def attach_references(rows: list, model, clips: dict[str, Clip]) -> EncodeStats:
+    """After loading: each distinct clip encoded once, and each row with a reference given its
+    context (a user turn with the transcript, an assistant turn with the codes); a clip that
+    fails to encode fails its rows."""
+    from omni_cli.runners.family import AudioTurn
+
+    if not clips:
+        return EncodeStats()
+    codes, stats = encode_clips(model, clips)
+    for r in rows:
+        if r.error is not None or r.reference is None:
+            continue
+        voice, sha = r.reference
+        got = codes[sha]
+        if isinstance(got, Exception):
+            field = "voice" if voice.name else "ref_audio"
+            r.error = str(RowError(r.row, field, f"encoding {voice.path} failed: {type(got).__name__}: {got}"))
+            continue
+        r.context = (AudioTurn(voice.text, got),)
+    return stats
+
+
+def too_long(r, prompt, max_new_frames: int, max_seq_len: int, frame_rate: float) -> tuple[str, str]:
+    """(field, message) for a row whose reference makes its prompt and frames overflow the context."""
+    ref_frames = len(r.context[0].codes)
+    fixed = len(prompt) - ref_frames  # every position but the reference's own frames
+    room = max_seq_len - max_new_frames - fixed
+    field = "voice" if r.reference[0].name else "ref_audio"
+    have = ref_frames / frame_rate
+    if room <= 0:
+        return "max_new_frames", (f"the prompt and max_new_frames ({max_new_frames}) leave no room in the context "
+                                  f"({max_seq_len} positions) for the reference")
+    return field, (f"the reference is {have:.2f} s; with this row's text and max_new_frames ({max_new_frames}) "
+                   f"the context ({max_seq_len} positions) takes at most {room / frame_rate:.2f} s of it")
+
+
+def run_encode_bank(bank_file: Path | None, model: str | None, force: bool) -> list[tuple[str, str]]:
+    """`omni voices encode`: every voice of the bank (the file's, else the config's) read, checked
+    and encoded into the cache; returns (name, what happened) a voice, in the bank's order."""
+    from omni_cli.config import load_config
+    from omni_cli.errors import OmniError
+    from omni_cli.runners.device import DTYPES, pick_device
+    from omni_cli.runners.family import LoadSpec, family_class
+
+    config = load_config(model)
+    bank = read_bank_file(bank_file) if bank_file is not None else config.voices
+    if not bank:
+        raise OmniError("no voices to encode: give a voice bank file, or a model config with voices:")
+    report: dict[str, str] = {}
+    clips: dict[str, Clip] = {}
+    for name, voice in bank.items():
+        try:
+            clip = read_clip(voice.path)
+        except ValueError as e:
+            report[name] = f"failed: {e}"
+            continue
+        clips[clip.sha256] = clip
+        report[name] = clip.sha256
+    if clips:
+        family = family_class(config.family, config.path)
+        spec = LoadSpec(source=str(config.path), checkpoint=config.checkpoint, codec=config.codec,
+                        dtype=DTYPES[config.dtype], device=pick_device(config.device), max_batch_size=1,
+                        max_seq_len=config.max_seq_len, deterministic=config.deterministic)
+        loaded = family.load(spec)
+        codes, _ = encode_clips(loaded, clips, read_cache=not force)  # --force: encode, replace the cache's
+        for name, sha in list(report.items()):
+            if sha in codes:
+                got = codes[sha]
+                report[name] = (f"failed: {type(got).__name__}: {got}" if isinstance(got, Exception) else
+                                f"{len(got)} frames ({len(got) / loaded.frame_rate:.2f} s), sha256 {sha[:12]}")
+    return list(report.items())

@@ -18,9 +18,13 @@ and from run.json, the generate phase split into the loop (prefill and
 decode, with the writers working beside it), its prefill steps, and the
 writers' tail after the last step, and the codec thread's calls: their
 number, total and longest seconds.
+With --voices V, each row also clones one of V reference voices of --voice-seconds
+seconds (random clips written as wav files, a voice bank, rows spread round-robin
+over the voices); --compare runs every BATCH:ROWS both with and without them.
 Prints a table and writes JSON.
 
   python benchmarks/e2e_generate.py --runs 1:4 64:64 256:256 --out e2e.json
+  python benchmarks/e2e_generate.py --runs 256:256 --voices 4 --voice-seconds 10 --compare
 """
 
 from __future__ import annotations
@@ -93,13 +97,32 @@ def _sized_row(builder, i: int, tokens: int) -> dict:
     raise SystemExit(f"--prompt-tokens {tokens}: no prefix of {filler!r} makes a prompt of that many tokens")
 
 
-def write_inputs(root: Path, rows: int, frames: int, vary: int = 0, prompt_tokens: int = 0) -> tuple[Path, Path]:
+def write_voices(root: Path, n: int, seconds: float) -> Path:
+    """n random reference clips at 24 kHz (noise under a few tones, each its own) and their bank."""
+    import numpy as np
+    import soundfile as sf
+
+    lines = ["voices:"]
+    for v in range(n):
+        rng = np.random.default_rng(v)
+        t = np.arange(int(seconds * 24000)) / 24000
+        clip = sum(0.1 * np.sin(2 * np.pi * f * t) for f in rng.uniform(100, 3000, 5))
+        sf.write(root / f"voice{v}.wav", (clip + 0.02 * rng.standard_normal(len(t))).astype(np.float32), 24000)
+        lines.append(f"  v{v}: {{audio: voice{v}.wav, text: Reference sentence number {v}, read aloud.}}")
+    bank = root / "voices.yaml"
+    bank.write_text("\n".join(lines) + "\n")
+    return bank
+
+
+def write_inputs(root: Path, rows: int, frames: int, vary: int = 0, prompt_tokens: int = 0,
+                 voices: int = 0, max_seq_len: int = 512) -> tuple[Path, Path]:
     """The run's model config and prompt file (rows of one sentence each, or with prompt_tokens
-    a short system prompt and a text that make prompts of that many tokens) in root."""
+    a short system prompt and a text that make prompts of that many tokens; with voices, row i
+    clones voice i mod voices) in root."""
     cfg = root / "model.yaml"
     cfg.write_text(f"family: higgs_audio_v2\ncheckpoint: {root / 'model'}\ncodec: {root / 'codec'}\n"
-                   "dtype: bfloat16\ndevice: auto\nmax_seq_len: 512\n")
-    prompts = root / f"prompts-{rows}-{vary}-{prompt_tokens}.jsonl"
+                   f"dtype: bfloat16\ndevice: auto\nmax_seq_len: {max_seq_len}\n")
+    prompts = root / f"prompts-{rows}-{vary}-{prompt_tokens}-{voices}.jsonl"
     rng = random.Random(rows)
     builder = None
     if prompt_tokens:
@@ -110,6 +133,8 @@ def write_inputs(root: Path, rows: int, frames: int, vary: int = 0, prompt_token
     for i in range(rows):
         row = _sized_row(builder, i, prompt_tokens) if builder else {
             "id": f"r{i}", "text": f"Row number {i}: a sentence to speak aloud."}
+        if voices:
+            row["voice"] = f"v{i % voices}"
         if vary:  # this row's own length: rows finish at different steps, with different codec shapes
             row["max_new_frames"] = row["min_new_frames"] = rng.randint(frames - vary, frames + vary)
         lines.append(json.dumps(row) + "\n")
@@ -118,14 +143,17 @@ def write_inputs(root: Path, rows: int, frames: int, vary: int = 0, prompt_token
 
 
 def run(root: Path, rows: int, batch: int, frames: int, async_decode: bool, vary: int = 0,
-        prompt_tokens: int = 0) -> dict:
-    cfg, prompts = write_inputs(root, rows, frames, vary, prompt_tokens)
-    out = root / f"out-{rows}-{batch}-{int(async_decode)}-{vary}-{prompt_tokens}"
+        prompt_tokens: int = 0, voices: int = 0, max_seq_len: int = 512) -> dict:
+    cfg, prompts = write_inputs(root, rows, frames, vary, prompt_tokens, voices, max_seq_len)
+    out = root / f"out-{rows}-{batch}-{int(async_decode)}-{vary}-{prompt_tokens}-{voices}"
     cmd = [sys.executable, "-m", "omni_cli", "generate", str(prompts), "-o", str(out), "--model", str(cfg), "-q",
            "--max-batch-size", str(batch), "--max-new-frames", str(frames), "--min-new-frames", str(frames),
            "--seed", "1", "--async-decode" if async_decode else "--no-async-decode"]
+    if voices:
+        cmd += ["--voices", str(root / "voices.yaml")]
+    env = {**os.environ, "OMNI_CACHE_DIR": str(out) + "-cache"}  # a cold cache: the run encodes its voices
     t0 = time.perf_counter()
-    proc = subprocess.Popen(cmd, cwd=REPO)
+    proc = subprocess.Popen(cmd, cwd=REPO, env=env)
     first = None
     while proc.poll() is None:
         if first is None and any(p.suffix == ".wav" and not p.name.startswith(".") for p in (out / "audio").glob("*")
@@ -138,7 +166,8 @@ def run(root: Path, rows: int, batch: int, frames: int, async_decode: bool, vary
     info = json.loads((out / "run.json").read_text())
     audio, gen = info["totals"]["audio_s"], info["timings"]["generate_s"]
     return {"rows": rows, "max_batch_size": batch, "async_decode": async_decode, "frames": frames, "vary": vary,
-            "prompt_tokens": prompt_tokens or None,
+            "prompt_tokens": prompt_tokens or None, "voices": voices, "max_seq_len": max_seq_len,
+            "references": info.get("references"), "references_s": info["timings"].get("references_s"),
             "first_wav_s": first, "wall_s": wall, "load_s": info["timings"]["load_s"],
             "warmup_s": info["timings"]["warmup_s"], "load_phases": info["timings"]["load_phases"], "generate_s": gen,
             "audio_s": audio, "audio_s_per_s_generate": audio / gen, "audio_s_per_s_wall": audio / wall,
@@ -157,6 +186,10 @@ def main() -> None:
     ap.add_argument("--prompt-tokens", type=int, default=0,
                     help="rows whose prompts are exactly this many tokens (omni bench's workload: 64), with a "
                          "short system prompt; default: one sentence a row under the default system prompt")
+    ap.add_argument("--voices", type=int, default=0, help="rows clone these many reference voices (round-robin)")
+    ap.add_argument("--voice-seconds", type=float, default=10.0, help="each reference voice's length")
+    ap.add_argument("--compare", action="store_true", help="run each BATCH:ROWS also without the voices")
+    ap.add_argument("--max-seq-len", type=int, default=512, help="the model config's max_seq_len")
     ap.add_argument("--out", type=Path, default=Path("e2e_generate.json"))
     ap.add_argument("--root", type=Path, default=None,
                     help="keep the checkpoint (and outputs) in this folder, and reuse a checkpoint already there: "
@@ -167,18 +200,22 @@ def main() -> None:
         ensure_checkpoint(root)
         for old in root.glob("out-*"):  # outputs of an earlier call in the same folder
             shutil.rmtree(old)
+        if args.voices:
+            write_voices(root, args.voices, args.voice_seconds)
         results = []
         for spec in args.runs:
             # flush what was written before (the 10.8 GB checkpoint, the last run's files) to disk first,
             # so a run's own file writes do not queue behind it
             os.sync()
             batch, rows = (int(x) for x in spec.split(":"))
-            results.append(run(root, rows, batch, args.frames, True, args.vary, args.prompt_tokens))
-    print(f"{'batch':>5} {'rows':>5} {'first wav s':>12} {'wall s':>7} {'load s':>7} {'warm s':>7} {'audio s':>8} "
+            for voices in ([0, args.voices] if args.compare else [args.voices]):
+                results.append(run(root, rows, batch, args.frames, True, args.vary, args.prompt_tokens, voices,
+                                   args.max_seq_len))
+    print(f"{'batch':>5} {'rows':>5} {'voices':>6} {'first wav s':>12} {'wall s':>7} {'load s':>7} {'warm s':>7} {'audio s':>8} "
           f"{'aud-s/s gen':>12} {'aud-s/s wall':>13} {'loop s':>7} {'prefill s':>9} {'prefills':>8} {'tail s':>7} "
           f"{'codec s':>8} {'calls':>6} {'longest':>8} {'tail codec':>10} {'writers':>8}")
     for r in results:
-        print(f"{r['max_batch_size']:>5} {r['rows']:>5} {r['first_wav_s'] or float('nan'):>12.1f} {r['wall_s']:>7.1f} "
+        print(f"{r['max_batch_size']:>5} {r['rows']:>5} {r['voices']:>6} {r['first_wav_s'] or float('nan'):>12.1f} {r['wall_s']:>7.1f} "
               f"{r['load_s']:>7.1f} {r['warmup_s']:>7.1f} {r['audio_s']:>8.1f} {r['audio_s_per_s_generate']:>12.1f} "
               f"{r['audio_s_per_s_wall']:>13.1f} {r['loop_s']:>7.2f} {r['prefill_s']:>9.2f} {r['prefill_steps']:>8} {r['write_tail_s']:>7.2f} "
               f"{r['codec_s']:>8.2f} {r['codec_calls']:>6} {r['codec_max_call_s']:>8.2f} "

@@ -44,6 +44,8 @@ def run_record(opts, config, model, results, progress, audio, stats, interrupted
                     "load_phases": {"inputs_s": round(t["read"] - t["start"], 3),
                                     "imports_s": round(t["family"] - t["read"], 3), **model.load_phases},
                     "generate_s": round(t["end"] - t["loaded"] - warmup_s, 3),
+                    # of it: reading (before the load), resampling and encoding the reference voices
+                    "references_s": round(t.get("references", t["loaded"]) - t["loaded"], 3),
                     "wall_s": round(t["end"] - t["start"], 3), "frames_per_s": round(fps, 2),
                     "audio_s_per_s": round(asps, 3),
                     # the loop (prefill + decode, files written beside it), then the writers' tail

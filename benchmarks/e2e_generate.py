@@ -108,7 +108,7 @@ def write_voices(root: Path, n: int, seconds: float) -> Path:
         t = np.arange(int(seconds * 24000)) / 24000
         clip = sum(0.1 * np.sin(2 * np.pi * f * t) for f in rng.uniform(100, 3000, 5))
         sf.write(root / f"voice{v}.wav", (clip + 0.02 * rng.standard_normal(len(t))).astype(np.float32), 24000)
-        lines.append(f"  v{v}: {{audio: voice{v}.wav, text: Reference sentence number {v}, read aloud.}}")
+        lines.append(f"  v{v}: {{audio: voice{v}.wav, text: 'Reference sentence number {v}, read aloud.'}}")
     bank = root / "voices.yaml"
     bank.write_text("\n".join(lines) + "\n")
     return bank

@@ -302,6 +302,9 @@ def _queue(rows: list[PromptRow], model: ModelFamily, config: ModelConfig, base_
                 kept[r.row] = _kept_line(before, r.row)
                 continue
         rendered.append((r, system, params, text, digest))
+    # rows of one voice queue together (input order within it): a prefill batch then shares the
+    # voice's prompt prefix in the KV cache, computed once (runners/engine.py: _share_prefix)
+    rendered.sort(key=lambda x: x[0].reference[1] if x[0].reference is not None else "")
     for (r, system, params, _, digest), prompt in zip(rendered, _encode(model, [x[3] for x in rendered])):
         if isinstance(prompt, Exception):
             rejected.append((r, f"row {r.row}, field 'text': tokenizing it failed: {type(prompt).__name__}: {prompt}"))

@@ -170,3 +170,22 @@ def test_codec_digest_follows_the_files(tmp_path):
     cfg = copy / "config.json"
     cfg.write_text(cfg.read_text().replace('"kernel_size": 3', '"kernel_size": 3 '))  # same config, other bytes
     assert codec_digest(copy) != codec_digest(CODEC)
+
+
+def test_a_codec_whose_hubert_config_has_spec_augment_loads(tmp_path):
+    """The released config's HuBERT masks time steps in training (mask_time_prob 0.05), which
+    makes transformers' HubertModel hold masked_spec_embed; saved checkpoints omit that tensor."""
+    import shutil
+
+    from safetensors import safe_open
+
+    folder = tmp_path / "codec"
+    shutil.copytree(CODEC, folder)
+    raw = json.loads((folder / "config.json").read_text())
+    raw["semantic_model_config"]["mask_time_prob"] = 0.05
+    (folder / "config.json").write_text(json.dumps(raw))
+    with safe_open(str(folder / "model.safetensors"), "pt") as f:
+        assert "semantic_model.masked_spec_embed" not in f.keys()
+    clip = _clip(1.0)
+    assert np.array_equal(HiggsCodecEncoder.load(folder).encode([clip])[0],
+                          HiggsCodecEncoder.load(CODEC).encode([clip])[0])

@@ -217,7 +217,8 @@ class HiggsCodecEncoder(nn.Module):
                               f"in the reference's encode, {self.num_quantizers} in its config: unsupported")
         acoustic, semantic = int(ac["hidden_size"]), int(sem.get("hidden_size", 768))
         hidden = acoustic + semantic
-        self.semantic_model = HubertModel(HubertConfig(**sem)).eval()
+        # spec augment is training-only; off, HuBERT makes no masked_spec_embed, which checkpoints omit
+        self.semantic_model = HubertModel(HubertConfig(**{**sem, "mask_time_prob": 0.0, "mask_feature_prob": 0.0})).eval()
         self.encoder_semantic = _SemanticEncoder(semantic, cfg)
         self.acoustic_encoder = _AcousticEncoder(int(ac["encoder_hidden_size"]), strides, acoustic)
         self.fc = nn.Linear(hidden, hidden)
@@ -229,7 +230,10 @@ class HiggsCodecEncoder(nn.Module):
                    source: object = "codec") -> "HiggsCodecEncoder":
         """config: the codec's config.json (transformers' layout); state: its full state dict
         (transformers' key names; weight-norm pairs of the acoustic encoder are folded)."""
-        enc = cls(config, expect_quantizers, source)
+        from transformers.initialization import no_init_weights
+
+        with no_init_weights(), torch.device(device):  # every weight comes from the state: skip random init
+            enc = cls(config, expect_quantizers, source)
         state = {k: v for k, v in state.items() if k.startswith(PREFIXES) and not k.endswith(UNUSED)}
         acoustic = fold_weight_norm({k: v for k, v in state.items() if k.startswith("acoustic_encoder.")})
         state = {**{k: v for k, v in state.items() if not k.startswith("acoustic_encoder.")}, **acoustic}

@@ -118,6 +118,11 @@ def generate(
                                       "it is written (logs and progress stay on stderr)."),
     shard: Optional[str] = typer.Option(None, "--shard", metavar="I/N", help="Run only shard I of N (0 <= I < N): the "
                                         "rows whose id hashes there; join the folders with `omni merge`."),
+    chunk_method: str = typer.Option("auto", "--chunk-method", help="Long text: auto splits a row at sentences "
+                                     "into chunks when its estimate does not fit max_new_frames; sentence: one chunk "
+                                     "a sentence; none: never split. A row's `chunk` field wins."),
+    chunk_buffer: int = typer.Option(2, "--chunk-buffer", help="Earlier chunks (text and audio) a chunk is "
+                                     "generated after, so the voice carries on."),
 ) -> None:
     """Generate speech for every prompt row.
 
@@ -140,7 +145,8 @@ def generate(
                            ras_win_max_num_repeat=ras_win_max_num_repeat, suppress_tokens=suppress,
                            max_new_frames=max_new_frames, min_new_frames=min_new_frames, deterministic=deterministic,
                            raw_logprobs=raw_logprobs, async_decode=async_decode, fmt=fmt, quiet=quiet, overwrite=overwrite,
-                           resume=resume, max_failures=max_failures, jsonl_stdout=jsonl_stdout, shard=shard_spec)
+                           resume=resume, max_failures=max_failures, jsonl_stdout=jsonl_stdout, shard=shard_spec,
+                           chunk_method=chunk_method, chunk_buffer=chunk_buffer)
     summary = _run(lambda: run_generate(opts))
     if summary.exit_code:
         raise typer.Exit(summary.exit_code)

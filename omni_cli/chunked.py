@@ -94,8 +94,8 @@ class ChunkedRows:
         if k + 1 == lr.n:
             lr.finish_reason = req.finish_reason
             return
-        lr.turns.append(self._turn(lr.texts[k], req.frames.array))
         try:
+            lr.turns.append(self._turn(lr.texts[k], req.frames.array))
             nxt = self._next_request(lr, k + 1)
         except Exception as e:  # noqa: BLE001  (this row only)
             self._fail(lr, e if isinstance(e, RowError) else

@@ -252,6 +252,32 @@ def test_a_failed_chunk_fails_only_its_row(tmp_path):
     assert _files(ok, "a") == _files(out, "a")
 
 
+def test_a_chunk_whose_decode_fails_fails_its_row(tmp_path, monkeypatch):
+    """Chunk 4's audio fails (as a codec error reaches the writer): the row is failed once, its
+    chunk 5 (already running) is dropped, the other rows are written."""
+    from omni_cli.chunked import ChunkedRows
+
+    real = ChunkedRows.write
+
+    def write(self, req, tokens, samples):
+        real(self, req, tokens, RuntimeError("codec broke") if req.rid == "long#3" else samples)
+
+    monkeypatch.setattr(ChunkedRows, "write", write)
+    out = _gen(tmp_path, "decode", [LONG] + OTHERS[:2], "--deterministic", code=1)
+    m = read_manifest(out)
+    assert [r["id"] for r in m] == ["long", "a", "b"]
+    assert m[0]["status"] == "failed" and m[0]["error"] == "row 1, chunk 4 of 5: decoding its audio failed: codec broke"
+    assert m[1]["status"] == m[2]["status"] == "ok"
+    assert not (out / "audio/long.wav").exists() and not (out / "logprobs/long.npz").exists()
+    assert json.loads((out / "run.json").read_text())["totals"]["failed"] == 1
+
+
+def test_verify_regenerates_long_rows(runs):
+    res = run_cli("verify", runs["b4"], "--sample", "0")
+    assert res.exit_code == 0, res.output
+    assert "long\taudio =\tnpz =\tok" in res.output
+
+
 def test_chunk_field_and_flags_are_validated(tmp_path):
     rows = [{"id": "x", "text": "Hi.", "chunk": "words"}, {"id": "y", "text": "Hi.", "chunk": "none"}]
     prompts = write_jsonl(tmp_path / "p.jsonl", rows)

@@ -3,7 +3,8 @@
 Chunk 0 is queued with the other rows. When chunk k finishes (the loop's on_finished, on the
 loop thread), its generated frames become codec codes (the family's RowCodec ``span`` /
 ``codes_into``: the delay pattern reverted) and chunk k+1's prompt is rendered after the row's
-own context (a reference voice) plus the last ``buffer`` chunks as AudioTurn(text, codes),
+own context (a reference voice) plus the last ``buffer`` chunks as AudioTurn(text, codes) (fewer,
+the latest, where the prompt would not fit max_seq_len; one at least, else the row fails),
 tokenized, and added to the scheduler while the loop runs, so the loop keeps going; chunks of
 different rows batch together as any requests do. Each chunk request goes through the audio
 stage as a row of its own (decoded alone, or batched on CUDA); its writer callback keeps the
@@ -114,19 +115,19 @@ class ChunkedRows:
         return AudioTurn(text, np.ascontiguousarray(codes.T))
 
     def _next_request(self, lr: LongRow, k: int) -> Request:
-        """Chunk k's request: its prompt after the row's context and the last `buffer` chunks."""
+        """Chunk k's request: its prompt after the row's context and the last `buffer` chunks, or
+        as many of the latest as fit max_seq_len with the chunk's frames (one at least)."""
         earlier = [t for t in lr.turns[max(0, k - self.buffer):k] if t is not None]
-        context = tuple(lr.row.context) + tuple(earlier)
-        rendered = self.model.render_prompt(lr.texts[k], lr.system, lr.row.scene, context)
-        prompt = self.model.encode_prompts([rendered])[0]
-        req = self._request(lr, k, prompt)
-        need = req.kv_tokens_needed()
-        if need > self.scheduler.max_seq_len:
-            raise RowError(lr.row.row, "text", f"chunk {k + 1} of {lr.n}: its prompt ({len(req.prompt_ids)} tokens, "
-                           f"{len(earlier)} earlier chunks' audio included) plus max_new_frames "
-                           f"({lr.params.max_new_frames}) needs {need} KV positions, over max_seq_len "
-                           f"{self.scheduler.max_seq_len}: lower --chunk-buffer or max_new_frames")
-        return req
+        for keep in list(range(len(earlier), 0, -1)) or [0]:  # the latest chunks first
+            context = tuple(lr.row.context) + tuple(earlier[len(earlier) - keep:])
+            rendered = self.model.render_prompt(lr.texts[k], lr.system, lr.row.scene, context)
+            prompt = self.model.encode_prompts([rendered])[0]
+            need = len(prompt.ids) + lr.params.max_new_frames - 1
+            if need <= self.scheduler.max_seq_len:
+                return self._request(lr, k, prompt)
+        raise RowError(lr.row.row, "text", f"chunk {k + 1} of {lr.n}: its prompt ({len(prompt.ids)} tokens, the "
+                       f"previous chunk's audio included) plus max_new_frames ({lr.params.max_new_frames}) needs "
+                       f"{need} KV positions, over max_seq_len {self.scheduler.max_seq_len}: lower max_new_frames")
 
     def _fail(self, lr: LongRow, error) -> None:
         with self._lock:

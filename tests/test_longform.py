@@ -239,17 +239,26 @@ def test_auto_splits_only_rows_that_do_not_fit(runs):
 
 
 def test_a_failed_chunk_fails_only_its_row(tmp_path):
-    """Chunk 3's prompt holds two 160-frame chunks: past max_seq_len 512; the row fails, naming it."""
-    bad = {"id": "bad", "text": FIVE, "chunk": "sentence", "max_new_frames": 160, "min_new_frames": 160}
+    """Chunk 2's prompt holds chunk 1's 300 frames: with its own 300, past max_seq_len 512. The
+    row fails, naming the chunk; the others are written as without it."""
+    bad = {"id": "bad", "text": FIVE, "chunk": "sentence", "max_new_frames": 300, "min_new_frames": 300}
     out = _gen(tmp_path, "fail", [bad] + OTHERS[:2], "--deterministic", code=1)
     m = {r["id"]: r for r in read_manifest(out)}
-    assert m["bad"]["status"] == "failed" and "chunk 3 of 5" in m["bad"]["error"]
-    assert "max_seq_len" in m["bad"]["error"] and m["bad"]["chunk"] == "sentence"
+    assert m["bad"]["status"] == "failed" and "chunk 2 of 5" in m["bad"]["error"]
+    assert "max_seq_len 512" in m["bad"]["error"] and m["bad"]["chunk"] == "sentence"
     assert not (out / "audio/bad.wav").exists()
     assert m["a"]["status"] == m["b"]["status"] == "ok"
-    # the same rows without the bad one: their bytes do not depend on it
     ok = _gen(tmp_path, "ok", OTHERS[:2], "--deterministic")
     assert _files(ok, "a") == _files(out, "a")
+
+
+def test_the_buffer_shrinks_to_fit_max_seq_len(tmp_path):
+    """160-frame chunks: chunk 3 after two of them would pass max_seq_len 512, so it follows the
+    latest one only (as --chunk-buffer 1 gives); the row is written."""
+    row = {"id": "long", "text": FIVE, "chunk": "sentence", "max_new_frames": 160, "min_new_frames": 160}
+    two = np.load(_gen(tmp_path, "two", [row], "--deterministic") / "logprobs/long.npz")
+    one = np.load(_gen(tmp_path, "one", [row], "--deterministic", "--chunk-buffer", "1") / "logprobs/long.npz")
+    assert np.array_equal(two["logprobs"], one["logprobs"]) and two["chunk_frames"][-1] == 5 * 160
 
 
 def test_a_chunk_whose_decode_fails_fails_its_row(tmp_path, monkeypatch):
@@ -276,6 +285,34 @@ def test_verify_regenerates_long_rows(runs):
     res = run_cli("verify", runs["b4"], "--sample", "0")
     assert res.exit_code == 0, res.output
     assert "long\taudio =\tnpz =\tok" in res.output
+
+
+def test_interrupted_mid_row_then_resume_is_byte_identical(runs, tmp_path, monkeypatch):
+    """Ctrl-C once chunk 3 of the long row has finished: the row is recorded interrupted (no
+    files), the rows done are kept; --resume redoes the long row from its first chunk, and the
+    folder's files equal an uninterrupted run's."""
+    from omni_cli.chunked import ChunkedRows
+
+    real = ChunkedRows.finished
+
+    def finished(self, reqs):
+        real(self, reqs)
+        if any(r.rid == "long#2" for r in reqs):
+            raise KeyboardInterrupt
+
+    prompts = write_jsonl(tmp_path / "p.jsonl", [LONG] + OTHERS)
+    out = tmp_path / "o"
+    cmd = ["generate", prompts, "-o", out, "-q", "--max-new-frames", "20", "--seed", "5", "--deterministic",
+           "--max-batch-size", "4"]
+    with monkeypatch.context() as mp:
+        mp.setattr(ChunkedRows, "finished", finished)
+        assert run_cli(*cmd).exit_code == 130
+    m = {r["id"]: r for r in read_manifest(out)}
+    assert m["long"]["status"] == "interrupted" and not (out / "audio/long.wav").exists()
+    res = run_cli(*cmd, "--resume")
+    assert res.exit_code == 0, res.output
+    for r in [LONG] + OTHERS:
+        assert _files(out, r["id"]) == _files(runs["b4"], r["id"]), r["id"]
 
 
 def test_chunk_field_and_flags_are_validated(tmp_path):

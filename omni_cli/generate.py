@@ -19,10 +19,10 @@ from pathlib import Path
 
 from omni_cli import __version__
 from omni_cli.audio_stage import AudioStage
+from omni_cli.chunked import ChunkedRows, LongRow
 from omni_cli.config import ModelConfig, load_config
 from omni_cli.errors import OmniError, RowError
 from omni_cli.folder import prepare_out_dir, read_manifest_lenient, row_hash, row_intact, temporaries
-from omni_cli.chunked import ChunkedRows, LongRow
 from omni_cli.longform import CHUNK_METHODS, DEFAULT_CHUNK_BUFFER, DEFAULT_CHUNK_METHOD, plan_chunks
 from omni_cli.loop import run_loop
 from omni_cli.output import OutputWriter, check_format, write_run_json

@@ -42,7 +42,8 @@ def _nonspace(s: str) -> str:
 def test_split_keeps_every_character_in_order(text):
     parts = split_sentences(text)
     assert all(p == p.strip() and p for p in parts)
-    assert " ".join(parts).split() == text.split() or _nonspace(" ".join(parts)) == _nonspace(text)
+    if not any(c in text for c in "。！？"):  # a CJK stop may split a run without spaces
+        assert " ".join(parts).split() == text.split()
     assert _nonspace("".join(parts)) == _nonspace(text)
     at = 0
     for p in parts:  # each sentence is a slice of the text, in order
@@ -129,7 +130,7 @@ def test_crossfade_of_two_constants_is_an_equal_power_ramp():
     assert np.array_equal(back[3000 - k:3000], ramp.astype(np.int16))
     # equal power: two equal constants stay near their level (sin + cos >= 1 in the middle)
     same, _ = crossfade_join([np.full(2000, 1000, np.int16)] * 2, k)
-    assert same.min() == 1000 - 0 and same.max() <= 1415
+    assert same.min() == 1000 and same.max() <= 1415
 
 
 def test_crossfade_short_chunks_and_three_way():
@@ -141,7 +142,8 @@ def test_crossfade_short_chunks_and_three_way():
 
 # ---- end to end on the tiny default model ----
 
-FIVE = "The first sentence is here. Then a second one follows! Is this the third? Yes, the fourth. And the fifth ends it."
+FIVE = ("The first sentence is here. Then a second one follows! Is this the third? Yes, the fourth. "
+        "And the fifth ends it.")
 OTHERS = [{"id": "a", "text": "Short one."}, {"id": "b", "text": "Another short row here, a bit longer."},
           {"id": "c", "text": "Third plain row."}, {"id": "d", "text": "Four."}, {"id": "e", "text": "Fifth plain."}]
 LONG = {"id": "long", "text": FIVE, "chunk": "sentence"}

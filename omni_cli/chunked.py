@@ -42,7 +42,7 @@ class LongRow:
     turns: list = field(default_factory=list)  # AudioTurn of each finished chunk (None: no codes)
     parts: dict = field(default_factory=dict)  # chunk index -> (tokens, logprobs, raw or None, samples)
     finish_reasons: list = field(default_factory=list)
-    finish_reason: str | None = None  # "stop"/"length" once the last chunk is generated; "failed"
+    finish_reason: str | None = None  # once the last chunk is generated: "length" if any chunk's was; "failed"
     failed: bool = False
 
     @property
@@ -92,8 +92,8 @@ class ChunkedRows:
         if failed:
             self.audio.expect(-(lr.n - k - 1))  # chunks that will never come
             return
-        if k + 1 == lr.n:
-            lr.finish_reason = req.finish_reason
+        if k + 1 == lr.n:  # "length" where any chunk was cut at max_new_frames
+            lr.finish_reason = "length" if "length" in lr.finish_reasons else req.finish_reason
             return
         try:
             lr.turns.append(self._turn(lr.texts[k], req.frames.array))

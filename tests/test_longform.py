@@ -189,6 +189,7 @@ def test_boundaries_are_recorded_and_consistent(runs):
     out = runs["b4"]
     m = {r["id"]: r for r in read_manifest(out)}["long"]
     assert m["status"] == "ok" and m["chunks"] == 5 and m["chunk"] == "sentence"
+    assert m["finish_reason"] == "length"  # every chunk ran to its 20 frames
     z = np.load(out / "logprobs/long.npz")
     frames, offsets, texts = z["chunk_frames"], z["chunk_samples"], list(z["chunk_texts"])
     assert texts == split_sentences(FIVE) and " ".join(texts) == FIVE

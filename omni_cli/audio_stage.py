@@ -53,6 +53,12 @@ class AudioStage:
         self._write, self._queued, self._rows_per_call = write, queued, rows_per_call
         self._writers = ThreadPoolExecutor(max_workers=WRITER_THREADS, thread_name_prefix="omni-writer")
 
+    def expect(self, n: int) -> None:
+        """n more (or, negative, fewer) rows will come than start was told: a long row's chunks
+        that will never run once the row has failed (omni_cli/chunked.py)."""
+        with self._lock:
+            self._queued += n
+
     def finished(self, reqs: list[Request]) -> None:
         """The loop's callback: these requests finished in the last step."""
         with self._lock:

@@ -120,6 +120,11 @@ def generate(
                                         "rows whose id hashes there; join the folders with `omni merge`."),
     voices: Optional[Path] = typer.Option(None, "--voices", help="Voice bank YAML (name: {audio, text}) for rows' "
                                           "`voice` field, over the model config's voices."),
+    chunk_method: str = typer.Option("auto", "--chunk-method", help="Long text: auto splits a row at sentences "
+                                     "into chunks when its estimate does not fit max_new_frames; sentence: one chunk "
+                                     "a sentence; none: never split. A row's `chunk` field wins."),
+    chunk_buffer: int = typer.Option(2, "--chunk-buffer", help="Earlier chunks (text and audio) a chunk is "
+                                     "generated after, so the voice carries on."),
 ) -> None:
     """Generate speech for every prompt row.
 
@@ -143,7 +148,7 @@ def generate(
                            max_new_frames=max_new_frames, min_new_frames=min_new_frames, deterministic=deterministic,
                            raw_logprobs=raw_logprobs, async_decode=async_decode, fmt=fmt, quiet=quiet, overwrite=overwrite,
                            resume=resume, max_failures=max_failures, jsonl_stdout=jsonl_stdout, shard=shard_spec,
-                           voices=voices)
+                           voices=voices, chunk_method=chunk_method, chunk_buffer=chunk_buffer)
     summary = _run(lambda: run_generate(opts))
     if summary.exit_code:
         raise typer.Exit(summary.exit_code)

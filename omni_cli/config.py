@@ -14,7 +14,7 @@ from typing import Any
 import yaml
 
 from omni_cli.errors import ConfigError
-from omni_cli.voices import parse_bank
+from omni_cli.voice_bank import parse_bank
 from omni_cli.runners.sampling.params import FIELD_NAMES, SamplingParams, check_field
 
 

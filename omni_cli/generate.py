@@ -19,9 +19,11 @@ from pathlib import Path
 
 from omni_cli import __version__
 from omni_cli.audio_stage import AudioStage
+from omni_cli.chunked import ChunkedRows, LongRow
 from omni_cli.config import ModelConfig, load_config
 from omni_cli.errors import OmniError, RowError
 from omni_cli.folder import prepare_out_dir, read_manifest_lenient, row_hash, row_intact, temporaries
+from omni_cli.longform import CHUNK_METHODS, DEFAULT_CHUNK_BUFFER, DEFAULT_CHUNK_METHOD, plan_chunks
 from omni_cli.loop import run_loop
 from omni_cli.output import OutputWriter, check_format, write_run_json
 from omni_cli.progress import Progress
@@ -36,7 +38,8 @@ from omni_cli.scheduler import Request, Scheduler
 from omni_cli.shard import Shard
 from omni_cli.signals import SignalGuard, exit_code
 from omni_cli.validate import check_run
-from omni_cli.voices import attach_references, check_references, prompt_base, read_bank_file, too_long
+from omni_cli.voice_bank import read_bank_file
+from omni_cli.voices import attach_references, check_references, prompt_base, too_long
 from omni_cli.warmup import warm_up_lm
 
 # exit codes (cli.py's --help and README's table say the same)
@@ -71,6 +74,8 @@ class GenerateOptions:
     jsonl_stdout: bool = False  # each manifest row written also goes to stdout, as rows complete
     shard: Shard | None = None  # --shard i/n: only the rows whose id hashes to shard i (omni_cli/shard.py)
     voices: Path | None = None  # --voices: a voice bank file, over the config's voices
+    chunk_method: str = DEFAULT_CHUNK_METHOD  # long-form text (omni_cli/longform.py): auto, sentence, none
+    chunk_buffer: int = DEFAULT_CHUNK_BUFFER  # earlier chunks a chunk's prompt holds
 
 
 @dataclass
@@ -91,6 +96,7 @@ def run_generate(opts: GenerateOptions) -> RunSummary:
     check_format(opts.fmt)
     if opts.max_failures is not None and opts.max_failures < 1:
         raise OmniError(f"--max-failures must be >= 1, got {opts.max_failures}")
+    _check_chunking(opts)
     config, base_params = _settings(opts)
     rows = read_prompts(opts.prompts)
     if opts.shard is not None:
@@ -124,13 +130,15 @@ def _run(opts: GenerateOptions, config: ModelConfig, base_params: SamplingParams
     for p in temporaries(opts.out):  # what a killed run left mid-write
         p.unlink(missing_ok=True)
     scheduler = Scheduler(model.num_slots, config.max_seq_len)  # the budget may grant fewer slots
+    chunker = ChunkedRows(model, scheduler, opts.chunk_buffer)
     queued, rejected, kept, changed = _queue(rows, model, config, base_params, opts.seed, scheduler,
-                                             identity, earlier, opts.out)
+                                             identity, earlier, opts.out, (chunker, opts.chunk_method))
     writer = OutputWriter(opts.out, opts.fmt, model.sample_rate, kept, _stdout_line if opts.jsonl_stdout else None)
     progress = Progress(len(rows) - len(kept), opts.quiet)
     results = RowResults(writer, progress, model.real_code_mask, opts.quiet)
     results.rows = queued
     audio = AudioStage(model.codec, model.batched_codec)
+    chunker.results, chunker.audio = results, audio
     interrupted, stats, fault, stop = False, None, None, None
     code = EXIT_OK
     with progress:
@@ -148,7 +156,8 @@ def _run(opts: GenerateOptions, config: ModelConfig, base_params: SamplingParams
             t["warmup_s"] = _warm_up(model, audio, scheduler, config)
             rows_per_call = min(model.num_slots, model.codec.rows_per_call(base_params.max_new_frames)) \
                 if audio.batched else 1
-            audio.start(results.write, len(queued), rows_per_call)
+            long_rows = [q[2] for q in queued.values() if isinstance(q[2], LongRow)]
+            audio.start(chunker.write, chunker.requests(len(queued), long_rows), rows_per_call)
 
             def stepped(n: int, loop_stats) -> None:
                 progress.step(n, model.runner.async_query_hit, model.runner.async_query_miss,
@@ -160,7 +169,7 @@ def _run(opts: GenerateOptions, config: ModelConfig, base_params: SamplingParams
             if opts.max_failures is not None and results.failed >= opts.max_failures:
                 raise _MaxFailures
             with model.loop_stream():  # ahead of the codec's stream on the GPU
-                stats = run_loop(scheduler, model.runner, audio.finished, stepped, config.async_decode)
+                stats = run_loop(scheduler, model.runner, chunker.finished, stepped, config.async_decode)
         except KeyboardInterrupt as e:  # SIGINT, SIGTERM (omni_cli/signals.py)
             interrupted, code = True, exit_code(e)
         except _MaxFailures:
@@ -266,11 +275,13 @@ def _load_spec(config: ModelConfig, opts: GenerateOptions) -> LoadSpec:
 
 
 def _queue(rows: list[PromptRow], model: ModelFamily, config: ModelConfig, base_params: SamplingParams,
-           run_seed: int | None, scheduler: Scheduler, identity: dict, earlier: dict[str, dict], out: Path):
+           run_seed: int | None, scheduler: Scheduler, identity: dict, earlier: dict[str, dict], out: Path,
+           chunking: tuple[ChunkedRows, str] | None = None):
     """Render every valid row's prompt, tokenize them in one batch, queue them in row order. Anything
     raised for one row (rendering, tokenizing, queueing) fails that row alone. Returns (request id ->
     (its row, its system prompt, its request); the rows rejected with their errors; input row ->
-    manifest line of each row --resume keeps; the rows changed since the earlier run)."""
+    manifest line of each row --resume keeps; the rows changed since the earlier run). A row split
+    into chunks (omni_cli/chunked.py) queues its first chunk; its entry holds its LongRow."""
     queued: dict[str, tuple] = {}
     rejected: list[tuple] = []  # (row, error): rows that never reach the scheduler
     rendered: list[tuple] = []  # (row, its system prompt, its sampling params, its prompt's text, its hash)
@@ -283,10 +294,13 @@ def _queue(rows: list[PromptRow], model: ModelFamily, config: ModelConfig, base_
         system = r.system if r.system is not None else config.system_prompt
         try:
             params, text = _render(r, system, base_params, model)
+            texts, text = _first_chunk(r, system, params, model, chunking, text)
             content = {"text": r.text, "scene": r.scene, "system": system, "sampling": params.as_record(),
                        "seed": r.seed, "run_seed": run_seed, "model": identity}
             if r.reference is not None:  # the clip's bytes and transcript, not its path or name
                 content["reference"] = {"sha256": r.reference[1], "text": r.reference[0].text}
+            if len(texts) > 1:  # the chunking decides the row's bytes: a changed one redoes it on --resume
+                content["chunks"] = {"texts": texts, "buffer": chunking[0].buffer}
             digest = row_hash(content)
         except RowError as e:
             rejected.append((r, str(e)))
@@ -301,16 +315,22 @@ def _queue(rows: list[PromptRow], model: ModelFamily, config: ModelConfig, base_
             elif row_intact(out, before):
                 kept[r.row] = _kept_line(before, r.row)
                 continue
-        rendered.append((r, system, params, text, digest))
+        rendered.append((r, system, params, text, digest, texts))
     # rows of one voice queue together (input order within it): a prefill batch then shares the
     # voice's prompt prefix in the KV cache, computed once (runners/engine.py: _share_prefix)
     rendered.sort(key=lambda x: x[0].reference[1] if x[0].reference is not None else "")
-    for (r, system, params, _, digest), prompt in zip(rendered, _encode(model, [x[3] for x in rendered])):
+    for (r, system, params, _, digest, texts), prompt in zip(rendered, _encode(model, [x[3] for x in rendered])):
         if isinstance(prompt, Exception):
             rejected.append((r, f"row {r.row}, field 'text': tokenizing it failed: {type(prompt).__name__}: {prompt}"))
             continue
+        entry = None
         try:
-            req = Request(rid=r.id, prompt=prompt, params=params, seed=row_seed(r.seed, run_seed, r.id))
+            seed = row_seed(r.seed, run_seed, r.id)
+            if len(texts) > 1:
+                entry = LongRow(r, system, params, seed, texts, digest)
+                req = chunking[0].first_request(entry, prompt)
+            else:
+                req = Request(rid=r.id, prompt=prompt, params=params, seed=seed)
         except Exception as e:  # noqa: BLE001
             rejected.append((r, f"row {r.row}: building its request failed: {type(e).__name__}: {e}"))
             continue
@@ -325,9 +345,31 @@ def _queue(rows: list[PromptRow], model: ModelFamily, config: ModelConfig, base_
         except Exception as e:  # noqa: BLE001
             rejected.append((r, f"row {r.row}: queueing it failed: {type(e).__name__}: {e}"))
             continue
-        queued[r.id] = (r, system, req, digest)
+        queued[r.id] = (r, system, entry or req, digest)
     rejected.sort(key=lambda x: x[0].row)
     return queued, rejected, kept, changed
+
+
+def _check_chunking(opts: GenerateOptions) -> None:
+    if opts.chunk_method not in CHUNK_METHODS:
+        raise OmniError(f"--chunk-method must be one of {', '.join(CHUNK_METHODS)}, got {opts.chunk_method!r}")
+    if opts.chunk_buffer < 1:
+        raise OmniError(f"--chunk-buffer must be >= 1, got {opts.chunk_buffer}")
+
+
+def _first_chunk(r: PromptRow, system: str, params: SamplingParams, model: ModelFamily, chunking,
+                 text) -> tuple[list[str], object]:
+    """The row's chunk texts (omni_cli/longform.py; one: not split) and the prompt to queue: the
+    whole row's, or its first chunk's after the row's context."""
+    if chunking is None:
+        return [r.text], text
+    texts = plan_chunks(r.text, r.chunk or chunking[1], params.max_new_frames)
+    if len(texts) == 1:
+        return texts, text
+    try:
+        return texts, model.render_prompt(texts[0], system, r.scene, r.context)
+    except PromptFieldError as e:
+        raise RowError(r.row, e.field, e.message) from None
 
 
 def _encode(model: ModelFamily, texts: list[str]) -> list:

@@ -28,7 +28,7 @@ from omni_cli.shard import shard_of
 # run.json command keys that must agree between the sources: what decides a row's output
 _SAME_COMMAND = ("prompts", "model", "seed", "temperature", "top_k", "top_p", "min_p", "repetition_penalty",
                  "ras_win_len", "ras_win_max_num_repeat", "suppress_tokens", "max_new_frames", "min_new_frames",
-                 "raw_logprobs", "fmt")
+                 "raw_logprobs", "fmt", "chunk_method", "chunk_buffer")
 
 
 @dataclass

@@ -109,18 +109,21 @@ class OutputWriter:
                 self._on_row(line)
 
     def write_ok(self, row: int, rid: str, samples: np.ndarray, tokens: np.ndarray, logprobs: np.ndarray,
-                 mask: np.ndarray, meta: dict[str, Any], raw_logprobs: np.ndarray | None = None) -> dict[str, Any]:
+                 mask: np.ndarray, meta: dict[str, Any], raw_logprobs: np.ndarray | None = None,
+                 extra: dict[str, np.ndarray] | None = None) -> dict[str, Any]:
         """Write one finished request's files and its manifest row."""
-        files, record = self.encode_ok(rid, samples, tokens, logprobs, mask, meta, raw_logprobs)
+        files, record = self.encode_ok(rid, samples, tokens, logprobs, mask, meta, raw_logprobs, extra)
         for rel, data in files:
             self.publish(rel, data)
         self.add_row(meta["row"], record)
         return record
 
     def encode_ok(self, rid: str, samples: np.ndarray, tokens: np.ndarray, logprobs: np.ndarray, mask: np.ndarray,
-                  meta: dict[str, Any], raw_logprobs: np.ndarray | None = None):
+                  meta: dict[str, Any], raw_logprobs: np.ndarray | None = None,
+                  extra: dict[str, np.ndarray] | None = None):
         """A finished request's files as bytes, [(path under out, bytes)], and its manifest row.
-        samples: the audio as int16 [samples] (runners/audio.py: pcm16)."""
+        samples: the audio as int16 [samples] (runners/audio.py: pcm16); extra: more npz arrays
+        (a long row's chunk boundaries)."""
         if samples.dtype != np.int16:
             raise TypeError(f"audio samples must be int16 (runners/audio.py: pcm16), got {samples.dtype}")
         audio_rel = f"audio/{rid}.{self.fmt}"
@@ -141,6 +144,7 @@ class OutputWriter:
         arrays = {"tokens": tokens.astype(np.int64), "logprobs": logprobs.astype(np.float32), "mask": mask.astype(bool)}
         if raw_logprobs is not None:
             arrays["raw_logprobs"] = raw_logprobs.astype(np.float32)
+        arrays.update(extra or {})
         real = logprobs[mask]
         npz = npz_stored(arrays)
         audio_bytes, audio_sha = _digest(audio)

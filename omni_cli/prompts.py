@@ -19,7 +19,7 @@ from typing import Any
 from omni_cli.errors import OmniError, RowError
 from omni_cli.runners.sampling.params import FIELD_NAMES, check_field, check_seed
 
-ROW_FIELDS = ("id", "text", "scene", "system", "seed", "ref_audio", "ref_text", "voice") + FIELD_NAMES
+ROW_FIELDS = ("id", "text", "scene", "system", "seed", "ref_audio", "ref_text", "voice", "chunk") + FIELD_NAMES
 _CSV_INTS = ("seed", "top_k", "max_new_frames", "min_new_frames", "ras_win_len", "ras_win_max_num_repeat")
 _CSV_FLOATS = ("temperature", "top_p", "min_p", "repetition_penalty")
 # ids become file names: keep them portable and unambiguous
@@ -41,6 +41,7 @@ class PromptRow:
     voice: str | None = None  # a name in the voice bank (instead of ref_audio)
     reference: tuple | None = None  # (omni_cli.voices.Voice, its clip's sha256), once checked
     context: tuple = ()  # earlier turns (runners.family.AudioTurn) the job attaches: a reference voice
+    chunk: str | None = None  # long-form chunking of this row (omni_cli/longform.py); None: the run's
 
 
 def _check_row(row: int, data: dict[str, Any]) -> PromptRow:
@@ -73,6 +74,7 @@ def _check_row(row: int, data: dict[str, Any]) -> PromptRow:
             out.seed = check_seed(data["seed"])
         except ValueError as e:
             raise RowError(row, "seed", str(e)) from None
+    out.chunk = _check_chunk(row, data.get("chunk"))
     for key in FIELD_NAMES:
         if data.get(key) is not None:
             try:
@@ -96,6 +98,15 @@ def _check_reference(row: int, data: dict[str, Any], out: PromptRow) -> None:
         field = "voice" if data.get("voice") is not None else "ref_text"
         raise RowError(row, field, "ref_text goes with ref_audio (a bank voice has its own text)")
     out.ref_audio, out.ref_text, out.voice = data.get("ref_audio"), data.get("ref_text"), data.get("voice")
+
+
+def _check_chunk(row: int, value: Any) -> str | None:
+    """The row's `chunk` field: a method of omni_cli/longform.py, or None (the run's --chunk-method)."""
+    from omni_cli.longform import CHUNK_METHODS
+
+    if value is not None and value not in CHUNK_METHODS:
+        raise RowError(row, "chunk", f"must be one of {', '.join(CHUNK_METHODS)}, got {value!r}")
+    return value
 
 
 def _unencodable(value: str) -> str | None:

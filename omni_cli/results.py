@@ -22,7 +22,7 @@ def input_fields(r: PromptRow, system: str | None) -> dict:
     """A failed row's input as the manifest keeps it, so that it can be fixed from there."""
     refs = {k: getattr(r, k) for k in ("ref_audio", "ref_text", "voice") if getattr(r, k) is not None}
     return {"text": r.text, "scene": r.scene, "system": r.system if system is None else system, "seed": r.seed,
-            **refs, **r.overrides}
+            **refs, **r.overrides, **({"chunk": r.chunk} if r.chunk is not None else {})}
 
 
 def reference_record(r: PromptRow) -> dict | None:
@@ -63,27 +63,36 @@ class RowResults:
 
     def _write(self, req: Request, tokens: np.ndarray, samples) -> None:
         row, system, _, digest = self.rows[req.rid]
+        raw = req.raw_logprobs.array if len(req.raw_logprobs) else None
+        self.write_row(row, system, digest, req.seed, req.finish_reason, req.params, tokens, req.logprobs.array,
+                       raw, samples)
+
+    def write_row(self, row: PromptRow, system: str, digest: str, seed: int, finish_reason: str, params,
+                  tokens: np.ndarray, logprobs: np.ndarray, raw, samples, extra_meta: dict | None = None,
+                  extra_arrays: dict | None = None) -> None:
+        """One row's files and manifest row (or its failure): a request's, or a long row's chunks joined
+        (omni_cli/chunked.py: extra_meta and extra_arrays add its chunk fields and arrays)."""
+        rid = row.id
         if isinstance(samples, Exception):
-            self.fail(row.row, req.rid, input_fields(row, system),
+            self.fail(row.row, rid, input_fields(row, system),
                       f"row {row.row}: decoding its audio failed: {samples}")
             return
-        logprobs = req.logprobs.array
         if not np.isfinite(logprobs).all():  # garbage, not a result: a sampling value past what float32 holds
-            self.fail(row.row, req.rid, input_fields(row, system),
+            self.fail(row.row, rid, input_fields(row, system),
                       f"row {row.row}: its logprobs are not finite (NaN or infinite): a sampling value "
                       f"(temperature, repetition_penalty) outside what the model's arithmetic holds")
             return
         t_write = time.perf_counter()
-        meta = {"row": row.row, "text": row.text, "scene": row.scene, "system": system, "seed": req.seed,
-                "finish_reason": req.finish_reason, **req.params.as_record(), "row_hash": digest}
+        meta = {"row": row.row, "text": row.text, "scene": row.scene, "system": system, "seed": seed,
+                "finish_reason": finish_reason, **params.as_record(), "row_hash": digest,
+                **({"chunk": row.chunk} if row.chunk is not None else {}), **(extra_meta or {})}
         if row.reference is not None:
             meta["reference"] = reference_record(row)
         try:
-            raw = req.raw_logprobs.array if len(req.raw_logprobs) else None
-            record = self.writer.write_ok(row.row, req.rid, samples, tokens, logprobs,
-                                          self._real_code_mask(tokens), meta, raw)
+            record = self.writer.write_ok(row.row, rid, samples, tokens, logprobs,
+                                          self._real_code_mask(tokens), meta, raw, extra_arrays)
         except Exception as e:  # noqa: BLE001  (a full disk, a bad value: this row only)
-            self.fail(row.row, req.rid, input_fields(row, system),
+            self.fail(row.row, rid, input_fields(row, system),
                       f"row {row.row}: writing its outputs failed: {type(e).__name__}: {e}")
             return
         with self._lock:

@@ -17,7 +17,8 @@ from omni_cli.output import check_format
 from omni_cli.prompts import PromptRow, read_prompts
 from omni_cli.runners.family import FamilyLimits, family_class
 from omni_cli.runners.sampling.params import SamplingParams, limit_problems
-from omni_cli.voices import check_references, prompt_base, read_bank_file
+from omni_cli.voice_bank import read_bank_file
+from omni_cli.voices import check_references, prompt_base
 
 
 def check_rows(rows: list[PromptRow], base_params: SamplingParams, config: ModelConfig,

@@ -63,13 +63,14 @@ def run_verify(out: Path, sample: int, batch_size: int | None, seed: int, quiet:
         batch_size = original_bs // 2 if original_bs > 1 else 2
     with tempfile.TemporaryDirectory(prefix="omni-verify-") as tmp:
         prompts = Path(tmp) / "rows.jsonl"
-        keep = ("id", "text", "scene", "system", "seed") + FIELD_NAMES
+        keep = ("id", "text", "scene", "system", "seed", "chunk") + FIELD_NAMES
         prompts.write_text("".join(json.dumps(_rerun_row(r, keep)) + "\n" for r in picked))
         again = Path(tmp) / "out"
         run_generate(GenerateOptions(
             prompts=str(prompts), out=again, model=run["config"]["path"], max_batch_size=batch_size,
             deterministic=run["config"]["deterministic"], raw_logprobs=cmd.get("raw_logprobs", False),
-            fmt=cmd.get("fmt", "wav"), quiet=quiet,
+            fmt=cmd.get("fmt", "wav"), quiet=quiet, chunk_method=cmd.get("chunk_method", "auto"),
+            chunk_buffer=cmd.get("chunk_buffer", 2),
         ))
         checks = []
         for r in picked:

@@ -17,18 +17,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-import yaml
 
-from omni_cli.errors import ConfigError, RowError
+from omni_cli.errors import OmniError, RowError
+from omni_cli.voice_bank import Voice, read_bank_file
 
 SILENT_PEAK = 1e-4  # -80 dBFS: below this a reference holds no voice to clone
-
-
-@dataclass(frozen=True)
-class Voice:
-    path: Path  # the audio file, absolute
-    text: str  # its transcript
-    name: str | None = None  # the bank's name; None for a row's own ref_audio
 
 
 @dataclass
@@ -36,35 +29,6 @@ class Clip:
     sha256: str  # of the file's bytes: what identifies a reference
     samples: np.ndarray  # [n] float32 mono, at the file's rate
     rate: int
-
-
-def parse_bank(raw: object, source: Path, key: str = "voices") -> dict[str, Voice]:
-    """A YAML mapping name -> {audio, text}; audio paths relative to ``source``'s folder."""
-    if not isinstance(raw, dict):
-        raise ConfigError(source, key, "must be a mapping of voice names to {audio, text}")
-    bank = {}
-    for name, entry in raw.items():
-        where = f"{key}.{name}"
-        if not isinstance(name, str) or not name:
-            raise ConfigError(source, where, "a voice name must be a non-empty string")
-        if not isinstance(entry, dict) or set(entry) - {"audio", "text"}:
-            raise ConfigError(source, where, "must be a mapping with the keys audio and text")
-        for field in ("audio", "text"):
-            if not isinstance(entry.get(field), str) or not entry[field].strip():
-                raise ConfigError(source, f"{where}.{field}", "must be a non-empty string")
-        bank[name] = Voice((source.parent / Path(entry["audio"]).expanduser()).resolve(), entry["text"], name)
-    return bank
-
-
-def read_bank_file(path: Path) -> dict[str, Voice]:
-    """``--voices voices.yaml``: a file whose top level is ``voices:``, or the mapping itself."""
-    try:
-        raw = yaml.safe_load(path.read_text())
-    except (OSError, yaml.YAMLError) as e:
-        raise ConfigError(path, None, f"cannot read the voice bank: {e}") from None
-    if isinstance(raw, dict) and set(raw) == {"voices"}:
-        return parse_bank(raw["voices"], path.resolve())
-    return parse_bank(raw, path.resolve(), key="")
 
 
 def row_voice(r, bank: dict[str, Voice], base: Path) -> Voice | None:
@@ -255,7 +219,6 @@ def run_encode_bank(bank_file: Path | None, model: str | None, force: bool) -> l
     """`omni voices encode`: every voice of the bank (the file's, else the config's) read, checked
     and encoded into the cache; returns (name, what happened) a voice, in the bank's order."""
     from omni_cli.config import load_config
-    from omni_cli.errors import OmniError
     from omni_cli.runners.device import DTYPES, pick_device
     from omni_cli.runners.family import LoadSpec, family_class
 

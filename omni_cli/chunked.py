@@ -1,0 +1,185 @@
+"""Long rows at run time: a row split into chunks (omni_cli/longform.py) runs one chunk at a time.
+
+Chunk 0 is queued with the other rows. When chunk k finishes (the loop's on_finished, on the
+loop thread), its generated frames become codec codes (the family's RowCodec ``span`` /
+``codes_into``: the delay pattern reverted) and chunk k+1's prompt is rendered after the row's
+own context (a reference voice) plus the last ``buffer`` chunks as AudioTurn(text, codes) (fewer,
+the latest, where the prompt would not fit max_seq_len; one at least, else the row fails),
+tokenized, and added to the scheduler while the loop runs, so the loop keeps going; chunks of
+different rows batch together as any requests do. Each chunk request goes through the audio
+stage as a row of its own (decoded alone, or batched on CUDA); its writer callback keeps the
+chunk's tokens, logprobs and samples, and once every chunk of the row is in, the row's one
+wav (the chunks crossfaded), one npz (every chunk's arrays concatenated, plus
+``chunk_frames``, ``chunk_samples``, ``chunk_texts``) and one manifest row (``chunks: n``) are
+written. Any chunk's failure (its prompt, its KV need, its decode) fails the row once; the
+chunks still in flight are dropped when they finish.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from omni_cli.errors import RowError
+from omni_cli.longform import chunk_seed, crossfade_join, crossfade_samples, texts_array
+from omni_cli.prompts import PromptRow
+from omni_cli.results import input_fields
+from omni_cli.runners.family import AudioTurn
+from omni_cli.runners.sampling.params import SamplingParams
+from omni_cli.scheduler import Request
+
+
+@dataclass(eq=False)
+class LongRow:
+    row: PromptRow
+    system: str
+    params: SamplingParams
+    seed: int  # the row's seed; chunk k's is chunk_seed(seed, k)
+    texts: list[str]
+    digest: str
+    turns: list = field(default_factory=list)  # AudioTurn of each finished chunk (None: no codes)
+    parts: dict = field(default_factory=dict)  # chunk index -> (tokens, logprobs, raw or None, samples)
+    finish_reasons: list = field(default_factory=list)
+    finish_reason: str | None = None  # once the last chunk is generated: "length" if any chunk's was; "failed"
+    failed: bool = False
+
+    @property
+    def n(self) -> int:
+        return len(self.texts)
+
+
+def chunk_rid(rid: str, k: int) -> str:
+    """A chunk request's id: '#' never occurs in a row id (prompts.py), so it is unique."""
+    return f"{rid}#{k}"
+
+
+class ChunkedRows:
+    def __init__(self, model, scheduler, buffer: int):
+        self.model, self.scheduler, self.buffer = model, scheduler, buffer
+        self.results = None  # RowResults and AudioStage, set once they exist
+        self.audio = None
+        self._by_rid: dict[str, tuple[LongRow, int]] = {}  # chunk request id -> (its row, its index)
+        self._lock = threading.Lock()
+
+    def first_request(self, lr: LongRow, prompt) -> Request:
+        return self._request(lr, 0, prompt)
+
+    def _request(self, lr: LongRow, k: int, prompt) -> Request:
+        req = Request(rid=chunk_rid(lr.row.id, k), prompt=prompt, params=lr.params, seed=chunk_seed(lr.seed, k))
+        self._by_rid[req.rid] = (lr, k)
+        return req
+
+    def requests(self, rows: int, long_rows: list[LongRow]) -> int:
+        """Requests the audio stage will see: one a plain row, n a long row."""
+        return rows - len(long_rows) + sum(lr.n for lr in long_rows)
+
+    # ---- the loop thread ----
+    def finished(self, reqs: list[Request]) -> None:
+        """The loop's on_finished: queue each finished chunk's successor, then hand every request
+        to the audio stage (after the codes are read: a writer releases the frames)."""
+        for req in reqs:
+            got = self._by_rid.get(req.rid)
+            if got is not None:
+                self._chunk_generated(req, *got)
+        self.audio.finished(reqs)
+
+    def _chunk_generated(self, req: Request, lr: LongRow, k: int) -> None:
+        lr.finish_reasons.append(req.finish_reason)
+        with self._lock:
+            failed = lr.failed
+        if failed:
+            self.audio.expect(-(lr.n - k - 1))  # chunks that will never come
+            return
+        if k + 1 == lr.n:  # "length" where any chunk was cut at max_new_frames
+            lr.finish_reason = "length" if "length" in lr.finish_reasons else req.finish_reason
+            return
+        try:
+            lr.turns.append(self._turn(lr.texts[k], req.frames.array))
+            nxt = self._next_request(lr, k + 1)
+        except Exception as e:  # noqa: BLE001  (this row only)
+            self._fail(lr, e if isinstance(e, RowError) else
+                       f"row {lr.row.row}, chunk {k + 2} of {lr.n}: queueing it failed: {type(e).__name__}: {e}")
+            self.audio.expect(-(lr.n - k - 1))
+            return
+        self.scheduler.add(nxt)
+
+    def _turn(self, text: str, tokens: np.ndarray) -> AudioTurn | None:
+        codec = self.model.codec.codec  # the family's RowCodec
+        first, n = codec.span(tokens)
+        if n == 0:
+            return None
+        codes = np.zeros((codec.num_streams, n), dtype=np.int64)
+        codec.codes_into(codes, tokens, first, n)
+        return AudioTurn(text, np.ascontiguousarray(codes.T))
+
+    def _next_request(self, lr: LongRow, k: int) -> Request:
+        """Chunk k's request: its prompt after the row's context and the last `buffer` chunks, or
+        as many of the latest as fit max_seq_len with the chunk's frames (one at least)."""
+        earlier = [t for t in lr.turns[max(0, k - self.buffer):k] if t is not None]
+        for keep in list(range(len(earlier), 0, -1)) or [0]:  # the latest chunks first
+            context = tuple(lr.row.context) + tuple(earlier[len(earlier) - keep:])
+            rendered = self.model.render_prompt(lr.texts[k], lr.system, lr.row.scene, context)
+            prompt = self.model.encode_prompts([rendered])[0]
+            need = len(prompt.ids) + lr.params.max_new_frames - 1
+            if need <= self.scheduler.max_seq_len:
+                return self._request(lr, k, prompt)
+        raise RowError(lr.row.row, "text", f"chunk {k + 1} of {lr.n}: its prompt ({len(prompt.ids)} tokens, the "
+                       f"previous chunk's audio included) plus max_new_frames ({lr.params.max_new_frames}) needs "
+                       f"{need} KV positions, over max_seq_len {self.scheduler.max_seq_len}: lower max_new_frames")
+
+    def _fail(self, lr: LongRow, error) -> None:
+        with self._lock:
+            if lr.failed:
+                return
+            lr.failed = True
+            lr.finish_reason = "failed"
+            lr.parts.clear()
+        self.results.fail(lr.row.row, lr.row.id, input_fields(lr.row, lr.system), str(error))
+
+    # ---- the writer threads ----
+    def write(self, req: Request, tokens: np.ndarray, samples) -> None:
+        """The audio stage's writer callback: a chunk is kept until its row is whole; a plain row
+        goes to RowResults."""
+        got = self._by_rid.get(req.rid)
+        if got is None:
+            self.results.write(req, tokens, samples)
+            return
+        lr, k = got
+        try:
+            self._chunk_written(req, tokens, samples, lr, k)
+        finally:
+            req.release()
+
+    def _chunk_written(self, req: Request, tokens, samples, lr: LongRow, k: int) -> None:
+        where = f"row {lr.row.row}, chunk {k + 1} of {lr.n}"
+        if isinstance(samples, Exception):
+            self._fail(lr, f"{where}: decoding its audio failed: {samples}")
+            return
+        logprobs = req.logprobs.array
+        if not np.isfinite(logprobs).all():
+            self._fail(lr, f"{where}: its logprobs are not finite (NaN or infinite): a sampling value "
+                           "(temperature, repetition_penalty) outside what the model's arithmetic holds")
+            return
+        raw = req.raw_logprobs.array.copy() if len(req.raw_logprobs) else None
+        with self._lock:
+            if lr.failed:
+                return
+            lr.parts[k] = (np.array(tokens), logprobs.copy(), raw, np.asarray(samples))
+            whole = len(lr.parts) == lr.n
+        if whole:
+            self._write_row(lr)
+
+    def _write_row(self, lr: LongRow) -> None:
+        parts = [lr.parts[k] for k in range(lr.n)]
+        lr.parts = {}
+        tokens = np.concatenate([p[0] for p in parts])
+        logprobs = np.concatenate([p[1] for p in parts])
+        raw = np.concatenate([p[2] for p in parts]) if all(p[2] is not None for p in parts) else None
+        samples, offsets = crossfade_join([p[3] for p in parts], crossfade_samples(self.model.sample_rate))
+        frames = np.cumsum([0] + [len(p[0]) for p in parts]).astype(np.int64)
+        arrays = {"chunk_frames": frames, "chunk_samples": np.asarray(offsets, dtype=np.int64),
+                  "chunk_texts": texts_array(lr.texts)}
+        self.results.write_row(lr.row, lr.system, lr.digest, lr.seed, lr.finish_reason, lr.params, tokens,
+                               logprobs, raw, samples, extra_meta={"chunks": lr.n}, extra_arrays=arrays)

@@ -198,7 +198,9 @@ def test_boundaries_are_recorded_and_consistent(runs):
     audio, sr = sf.read(out / "audio/long.wav", dtype="int16")
     assert offsets[0] == 0 and offsets[-1] == len(audio) and m["duration_s"] == round(len(audio) / sr, 6)
     # oracle: each chunk's frames decoded on their own, crossfaded, are the file's samples
-    stage = codec_stage(TINY)
+    from omni_cli.runners.device import pick_device
+
+    stage = codec_stage(TINY, device=pick_device("auto"))  # where the run decoded (CUDA on a GPU machine)
     tokens = z["tokens"]
     parts = stage.decode([tokens[frames[i]:frames[i + 1]] for i in range(5)], batched=False)
     joined, expect = crossfade_join(parts, crossfade_samples(sr))

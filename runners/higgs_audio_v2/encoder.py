@@ -31,6 +31,7 @@ from ..checkpoint import fold_weight_norm, load_into
 from ..errors import ConfigError
 from ..resample import resample
 from .codec import DEFAULT_BANDWIDTHS, HIGGS_ACOUSTIC_DEFAULTS, Snake1d, _ResidualUnit, num_quantizers
+from .codec import _Quantizer as _DecodeQuantizer
 from .codec_layout import read_codec
 
 # HiggsAudioV2TokenizerConfig's defaults for what a codec config.json may leave out
@@ -142,18 +143,12 @@ class _AcousticEncoder(nn.Module):
         return length
 
 
-class _Codebook(nn.Module):
-    def __init__(self, size: int, dim: int):
-        super().__init__()
-        self.register_buffer("embed", torch.zeros(size, dim))
+class _Quantizer(_DecodeQuantizer):
+    """The decode side's quantizer (codebook, project_out) with the encode side's project_in."""
 
-
-class _Quantizer(nn.Module):
     def __init__(self, size: int, dim: int, hidden: int):
-        super().__init__()
-        self.codebook = _Codebook(size, dim)
+        super().__init__(size, dim, hidden)
         self.project_in = nn.Linear(hidden, dim)
-        self.project_out = nn.Linear(dim, hidden)
 
     def encode(self, residual: torch.Tensor) -> torch.Tensor:
         """residual [B, T, hidden] -> nearest entries [B, T]: argmax of -(|h|^2 - 2 h.e + |e|^2)."""

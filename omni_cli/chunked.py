@@ -22,11 +22,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from omni_cli.errors import RowError
-from omni_cli.longform import chunk_seed, crossfade_join, crossfade_samples, texts_array
+from omni_cli.errors import OmniError, RowError
+from omni_cli.longform import CHUNK_METHODS, chunk_seed, crossfade_join, crossfade_samples, plan_chunks, texts_array
 from omni_cli.prompts import PromptRow
 from omni_cli.results import input_fields
-from omni_cli.runners.family import AudioTurn
+from omni_cli.runners.family import AudioTurn, PromptFieldError
 from omni_cli.runners.sampling.params import SamplingParams
 from omni_cli.scheduler import Request
 
@@ -183,3 +183,25 @@ class ChunkedRows:
                   "chunk_texts": texts_array(lr.texts)}
         self.results.write_row(lr.row, lr.system, lr.digest, lr.seed, lr.finish_reason, lr.params, tokens,
                                logprobs, raw, samples, extra_meta={"chunks": lr.n}, extra_arrays=arrays)
+
+
+def check_chunk_flags(method: str, buffer: int) -> None:
+    """--chunk-method and --chunk-buffer, before anything loads (exit 2)."""
+    if method not in CHUNK_METHODS:
+        raise OmniError(f"--chunk-method must be one of {', '.join(CHUNK_METHODS)}, got {method!r}")
+    if buffer < 1:
+        raise OmniError(f"--chunk-buffer must be >= 1, got {buffer}")
+
+
+def first_chunk(r: PromptRow, system: str, params: SamplingParams, model, chunking, text) -> tuple[list[str], object]:
+    """The row's chunk texts (omni_cli/longform.py; one: not split) and the prompt to queue: the
+    whole row's, or its first chunk's after the row's context."""
+    if chunking is None:
+        return [r.text], text
+    texts = plan_chunks(r.text, r.chunk or chunking[1], params.max_new_frames)
+    if len(texts) == 1:
+        return texts, text
+    try:
+        return texts, model.render_prompt(texts[0], system, r.scene, r.context)
+    except PromptFieldError as e:
+        raise RowError(r.row, e.field, e.message) from None

@@ -19,11 +19,11 @@ from pathlib import Path
 
 from omni_cli import __version__
 from omni_cli.audio_stage import AudioStage
-from omni_cli.chunked import ChunkedRows, LongRow
+from omni_cli.chunked import ChunkedRows, LongRow, check_chunk_flags, first_chunk
 from omni_cli.config import ModelConfig, load_config
 from omni_cli.errors import OmniError, RowError
 from omni_cli.folder import prepare_out_dir, read_manifest_lenient, row_hash, row_intact, temporaries
-from omni_cli.longform import CHUNK_METHODS, DEFAULT_CHUNK_BUFFER, DEFAULT_CHUNK_METHOD, plan_chunks
+from omni_cli.longform import DEFAULT_CHUNK_BUFFER, DEFAULT_CHUNK_METHOD
 from omni_cli.loop import run_loop
 from omni_cli.output import OutputWriter, check_format, write_run_json
 from omni_cli.progress import Progress
@@ -96,7 +96,7 @@ def run_generate(opts: GenerateOptions) -> RunSummary:
     check_format(opts.fmt)
     if opts.max_failures is not None and opts.max_failures < 1:
         raise OmniError(f"--max-failures must be >= 1, got {opts.max_failures}")
-    _check_chunking(opts)
+    check_chunk_flags(opts.chunk_method, opts.chunk_buffer)
     config, base_params = _settings(opts)
     rows = read_prompts(opts.prompts)
     if opts.shard is not None:
@@ -294,7 +294,7 @@ def _queue(rows: list[PromptRow], model: ModelFamily, config: ModelConfig, base_
         system = r.system if r.system is not None else config.system_prompt
         try:
             params, text = _render(r, system, base_params, model)
-            texts, text = _first_chunk(r, system, params, model, chunking, text)
+            texts, text = first_chunk(r, system, params, model, chunking, text)
             content = {"text": r.text, "scene": r.scene, "system": system, "sampling": params.as_record(),
                        "seed": r.seed, "run_seed": run_seed, "model": identity}
             if r.reference is not None:  # the clip's bytes and transcript, not its path or name
@@ -348,28 +348,6 @@ def _queue(rows: list[PromptRow], model: ModelFamily, config: ModelConfig, base_
         queued[r.id] = (r, system, entry or req, digest)
     rejected.sort(key=lambda x: x[0].row)
     return queued, rejected, kept, changed
-
-
-def _check_chunking(opts: GenerateOptions) -> None:
-    if opts.chunk_method not in CHUNK_METHODS:
-        raise OmniError(f"--chunk-method must be one of {', '.join(CHUNK_METHODS)}, got {opts.chunk_method!r}")
-    if opts.chunk_buffer < 1:
-        raise OmniError(f"--chunk-buffer must be >= 1, got {opts.chunk_buffer}")
-
-
-def _first_chunk(r: PromptRow, system: str, params: SamplingParams, model: ModelFamily, chunking,
-                 text) -> tuple[list[str], object]:
-    """The row's chunk texts (omni_cli/longform.py; one: not split) and the prompt to queue: the
-    whole row's, or its first chunk's after the row's context."""
-    if chunking is None:
-        return [r.text], text
-    texts = plan_chunks(r.text, r.chunk or chunking[1], params.max_new_frames)
-    if len(texts) == 1:
-        return texts, text
-    try:
-        return texts, model.render_prompt(texts[0], system, r.scene, r.context)
-    except PromptFieldError as e:
-        raise RowError(r.row, e.field, e.message) from None
 
 
 def _encode(model: ModelFamily, texts: list[str]) -> list:

@@ -38,7 +38,7 @@ def _acoustic_rules(blocks: int) -> list[tuple[re.Pattern, Any]]:
     (the script writes them out for the release's five: final Snake at 6, last conv at 7)."""
     end = blocks + 1  # index of the final Snake; the last convolution follows it
     rules = [
-        (rf"^encoder\.block\.0\.", "acoustic_encoder.conv1."),
+        (r"^encoder\.block\.0\.", "acoustic_encoder.conv1."),
         (rf"^encoder\.block\.{end}\.", "acoustic_encoder.snake1."),
         (rf"^encoder\.block\.{end + 1}\.", "acoustic_encoder.conv2."),
         # encoder block: three residual units (0-2), then Snake (3) and the downsampling conv (4)
@@ -46,7 +46,7 @@ def _acoustic_rules(blocks: int) -> list[tuple[re.Pattern, Any]]:
          lambda m: f"acoustic_encoder.block.{int(m[1]) - 1}.res_unit{int(m[2]) + 1}.{_UNIT[int(m[3])]}."),
         (r"^encoder\.block\.(\d+)\.block\.3\.", lambda m: f"acoustic_encoder.block.{int(m[1]) - 1}.snake1."),
         (r"^encoder\.block\.(\d+)\.block\.4\.", lambda m: f"acoustic_encoder.block.{int(m[1]) - 1}.conv1."),
-        (rf"^decoder_2\.model\.0\.", "acoustic_decoder.conv1."),
+        (r"^decoder_2\.model\.0\.", "acoustic_decoder.conv1."),
         (rf"^decoder_2\.model\.{end}\.", "acoustic_decoder.snake1."),
         (rf"^decoder_2\.model\.{end + 1}\.", "acoustic_decoder.conv2."),
         # decoder block: Snake (0), the upsampling transposed conv (1), three residual units (2-4)
@@ -162,7 +162,6 @@ def translate_codec_config(raw: dict, stored: dict, path: Path) -> dict[str, Any
     if not isinstance(raw["bins"], int):
         raise ConfigError(path, "bins", f"{raw['bins']!r}: an FSQ quantizer; Higgs's codec is an RVQ (an integer)")
     ratios = [int(r) for r in raw["ratios"]]
-    blocks = len(ratios)
     sample_rate = int(raw.get("sample_rate", 24000))
     frame_rate = math.ceil(sample_rate / math.prod(ratios))
     nbits = math.ceil(math.log2(raw["bins"]))

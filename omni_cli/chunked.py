@@ -106,13 +106,8 @@ class ChunkedRows:
         self.scheduler.add(nxt)
 
     def _turn(self, text: str, tokens: np.ndarray) -> AudioTurn | None:
-        codec = self.model.codec.codec  # the family's RowCodec
-        first, n = codec.span(tokens)
-        if n == 0:
-            return None
-        codes = np.zeros((codec.num_streams, n), dtype=np.int64)
-        codec.codes_into(codes, tokens, first, n)
-        return AudioTurn(text, np.ascontiguousarray(codes.T))
+        codes = self.model.codec.codes_of(tokens)
+        return AudioTurn(text, codes) if len(codes) else None
 
     def _next_request(self, lr: LongRow, k: int) -> Request:
         """Chunk k's request: its prompt after the row's context and the last `buffer` chunks, or

@@ -126,6 +126,15 @@ class CodecStage:
             for _ in range(2 if self.device.type == "cuda" else 1):
                 self.decode([frames] * n, batched)
 
+    def codes_of(self, tokens: np.ndarray) -> np.ndarray:
+        """A row's generated frames [T, streams] -> its codec codes [n, streams] (n may be 0), as
+        the codec reads them (the family's span and codes_into)."""
+        first, n = self.codec.span(tokens)
+        codes = np.zeros((self.num_streams, n), dtype=np.int64)
+        if n:
+            self.codec.codes_into(codes, tokens, first, n)
+        return np.ascontiguousarray(codes.T)
+
     def decode(self, tokens: list[np.ndarray], batched: bool, drain: bool = False) -> list[np.ndarray]:
         """Generated frames, [T, C] per row -> their audio, int16 samples [samples] each at
         ``sample_rate``: every call of decode_calls, gathered in row order."""

@@ -167,6 +167,8 @@ def test_codec_digest_follows_the_files(tmp_path):
     copy = tmp_path / "codec"
     shutil.copytree(CODEC, copy)
     assert codec_digest(copy) == codec_digest(CODEC)
+    (copy / "old-shard.safetensors").write_bytes(b"stale")  # beside model.safetensors: never loaded
+    assert codec_digest(copy) == codec_digest(CODEC)
     cfg = copy / "config.json"
     cfg.write_text(cfg.read_text().replace('"kernel_size": 3', '"kernel_size": 3 '))  # same config, other bytes
     assert codec_digest(copy) != codec_digest(CODEC)

@@ -11,7 +11,7 @@ import numpy as np
 import torch
 
 from ..budget import KVShape, build_engine
-from ..checkpoint import resolve_file, resolve_folder, stream_into
+from ..checkpoint import INDEX, PTH, SINGLE, resolve_file, resolve_folder, stream_into, weight_files
 from ..codec_stage import CodecStage
 from ..family import AudioTurn, FamilyLimits, LoadSpec, ModelFamily, PromptFieldError, RenderedPrompt
 from ..prompt_input import PromptInput
@@ -171,9 +171,11 @@ class HiggsAudioV2(ModelFamily):
 
 
 def codec_digest(folder: Path) -> str:
-    """Hex sha256 of a codec folder's config.json and weights, read in 1 MiB pieces."""
+    """Hex sha256 of a codec folder's config.json and the weight files it loads from (as
+    read_codec picks them: stale files beside them do not count), read in 1 MiB pieces."""
     h = hashlib.sha256()
-    for f in [folder / "config.json", *sorted(p for p in folder.iterdir() if p.suffix in (".safetensors", ".pth"))]:
+    loaded = weight_files(folder) if (folder / SINGLE).is_file() or (folder / INDEX).is_file() else [folder / PTH]
+    for f in [folder / "config.json", *loaded]:
         h.update(f"{f.name}\0{f.stat().st_size}\0".encode())
         with open(f, "rb") as fh:
             while piece := fh.read(1 << 20):

@@ -4,7 +4,8 @@ A random-weight Higgs Audio v2 model of a named shape (no checkpoint): the
 transformers model is initialised once and our engine loads its weights, so
 both peers run the same weights. For each batch size every request decodes
 exactly `frames` frames from a `prompt_len`-token prompt with sampling on
-(temperature 1, top-k 50, top-p 0.95). Reported: decode ms per step and
+(temperature 1, top-k 50, top-p 0.95); the peer "deterministic" is the async
+loop under --deterministic. Reported: decode ms per step and
 audio-s/s over the whole run (prefill included; graph captures and kernel
 compiles are paid before it, in the warm-up omni generate runs), each against the floor set
 by the bytes a step must read (weights, plus KV) and the FLOPs it must do.
@@ -26,11 +27,14 @@ from omni_cli.scheduler import Request, Scheduler
 from omni_cli.warmup import warm_up_lm
 from omni_cli.runners.attention import KVCache
 from omni_cli.runners.device import blas_library
-from omni_cli.runners.engine import Engine
+from omni_cli.runners.engine import DETERMINISTIC_SHAPES, Engine
 from omni_cli.runners.higgs_audio_v2.model import HiggsAudioV2LM
 from omni_cli.runners.higgs_audio_v2.runner import HiggsRunner
 from omni_cli.runners.higgs_audio_v2.shapes import param_counts, shape_config, transformers_config
 
+# what `--peers` may name: omni's sync and async loops, the async loop under --deterministic
+# (batch-invariant arithmetic), transformers generate
+PEERS = ("sync", "async", "deterministic", "transformers")
 # H200 ceilings: device-copy bytes/s, bf16 matmul FLOP/s (shared/design/facts.md)
 H200_BYTES_PER_S, H200_FLOPS = 4.27e12, 801e12
 AUDIO_S_PER_FRAME = 960 / 24000
@@ -153,7 +157,8 @@ def run_bench(shape: str, batches: list[int], frames: int, prompt_len: int, devi
             if peer == "transformers":
                 ms, wall, steps = _transformers(ref, cfg, b, frames, prompt_len, device)
             else:
-                res = run_requests(model, b, b, frames, prompt_len, max_seq, peer == "async", device)
+                shapes = DETERMINISTIC_SHAPES[device.type] if peer == "deterministic" else None
+                res = run_requests(model, b, b, frames, prompt_len, max_seq, peer != "sync", device, shapes)
                 ms, wall, steps = res.ms_per_step, res.wall_s, frames
             # reverted audio: 8 frames of the delay ramp carry no sound
             rows.append(BenchRow(peer, b, ms, b * max(steps - 8, 0) * AUDIO_S_PER_FRAME / wall, floor))

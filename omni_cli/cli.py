@@ -237,15 +237,22 @@ def bench(
     dtype: str = typer.Option("bfloat16", "--dtype", help="float32, bfloat16 or float16."),
     out: Optional[Path] = typer.Option(None, "--out", help="Write the results as JSON here."),
     plot: Optional[Path] = typer.Option(None, "--plot", help="Write a PNG of audio-s/s against batch size here."),
+    peers: str = typer.Option("sync,async,transformers", "--peers",
+                              help="Comma-separated: sync, async, deterministic (async under --deterministic), "
+                                   "transformers."),
 ) -> None:
     """Random-weight throughput: omni sync, omni async and transformers generate, in one run."""
-    from omni_cli.bench import run_bench
+    from omni_cli.bench import PEERS, run_bench
     from omni_cli.runners.device import DTYPES, pick_device
 
     if dtype not in DTYPES:
         typer.echo(f"omni: error: --dtype must be one of {', '.join(DTYPES)}", err=True)
         raise typer.Exit(2)
-    _run(lambda: run_bench(shape, batch, frames, prompt_len, pick_device(device), DTYPES[dtype], out, plot))
+    chosen = tuple(p.strip() for p in peers.split(",") if p.strip())
+    if not chosen or any(p not in PEERS for p in chosen):
+        typer.echo(f"omni: error: --peers {peers!r}: name some of {', '.join(PEERS)}", err=True)
+        raise typer.Exit(2)
+    _run(lambda: run_bench(shape, batch, frames, prompt_len, pick_device(device), DTYPES[dtype], out, plot, chosen))
 
 
 voices_app = typer.Typer(add_completion=False, no_args_is_help=True, rich_markup_mode=None,

@@ -109,7 +109,8 @@ class ModelRunner:
         self.num_slots = num_slots
         # the per-slot sampling state and the draw (one Triton kernel on CUDA, PyTorch elsewhere)
         self.sampler = Sampler(num_slots, self.num_streams, self.vocab_size, max_seq_len, device,
-                               ras_excluded_tokens=self.ras_excluded_tokens, raw_logprobs=raw_logprobs)
+                               ras_excluded_tokens=self.ras_excluded_tokens, raw_logprobs=raw_logprobs,
+                               invariant=engine.deterministic)
         # async decode: two host staging buffers in ping-pong, and the counters
         self._host_staging: list[torch.Tensor] = []
         self._staging_slot = 0

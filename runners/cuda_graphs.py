@@ -36,7 +36,7 @@ class DecodeGraphs:
     def __init__(self, model: torch.nn.Module, kv: KVCache, device: torch.device, capture: bool,
                  fixed_rows: int | None = None):
         self.model, self.kv, self.device, self.capture = model, kv, device, capture
-        self.fixed_rows = fixed_rows  # deterministic mode: always this many rows
+        self.fixed_rows = fixed_rows  # deterministic mode's chunks (the CPU): always this many rows
         self.kernel = fused_kernels_available(device)  # attention reads lengths, not a mask
         self._entries: dict[tuple, tuple] = {}  # (rows, keys, has post, post key) -> buffers, graph, outputs
         self.pool = torch.cuda.graph_pool_handle() if capture else None
@@ -70,7 +70,7 @@ class DecodeGraphs:
             attn = AttentionContext(kv=self.kv, is_prefill=False, slots_gpu=st["slots"], positions_gpu=st["positions"],
                                     mask_gpu=st.get("mask"), kv_len=k, deterministic=deterministic,
                                     lengths_gpu=st.get("lengths"))
-            logits = self.model.compute_logits(self.model(attn, **inputs)[:, 0])
+            logits = self.model.compute_logits(self.model(attn, **inputs)[:, 0], invariant=deterministic)
             return logits if post is None else post(static_fb, logits)
 
         if not self.capture:

@@ -7,15 +7,15 @@ from the cache, stops at the row's own length, and never touches another
 row's keys: one program per (row, KV head), the `rep` query heads that share
 that KV head as the rows of one tile.
 
-Batch invariance within a row bucket comes for free: a program's arithmetic
-depends only on its row's query, keys and length (key blocks of a size set by
-the step's row bucket, in a fixed order, an exact online softmax), never on
-the rows' count within the bucket, the row's place in it or the key bucket of
-its batch-mates. So default and deterministic decode (always one bucket, 64
-rows) share it, and CUDA graphs need one capture per row bucket, not per
-key-length bucket.
+A program's arithmetic depends only on its row's query, keys and length and
+on the key block (the online softmax rescales at block ends), in a fixed
+order, never on the rows' count, the row's place among them or its
+batch-mates' key lengths; so CUDA graphs need one capture per row bucket, not
+per key-length bucket. The default mode's block follows the row bucket
+(_tile), so there a row's bits change with its batch's size; deterministic
+mode fixes the block (INVARIANT_TILE) at every row count, one row included.
 
-A one-row step (default mode only: deterministic decode runs 64 rows) takes
+A one-row step of the default mode takes
 its own kernel, because there the eight programs, one per KV head, are each
 a chain of dependent block loads as long as the row:
 - its keys are split over up to ONE_ROW_SPLITS programs per KV head, and the
@@ -42,6 +42,7 @@ from .device import pdl_launch
 from .fused_ops import _wait_predecessor
 
 BLOCK_N = 64  # keys per loop iteration (the multi-row kernel: _tile)
+INVARIANT_TILE = (BLOCK_N, 4)  # (keys a loop step, warps) of deterministic mode at every row count
 
 
 def _tile(programs: int, device: torch.device) -> tuple[int, int]:
@@ -92,9 +93,11 @@ def _decode_attention_kernel(
     stride_qb, stride_qh, stride_ob, stride_oh, stride_cs, stride_ch, stride_ct,
     scale,
     REP: tl.constexpr, REP_PAD: tl.constexpr, D: tl.constexpr, BLOCK: tl.constexpr, USE_DOT: tl.constexpr,
+    PDL: tl.constexpr,
 ):
-    # rows > 1 (one row: _one_row_kernel below). Keys are loaded before, values after the scores:
+    # rows > 1 in the default mode (one row: _one_row_kernel below), any rows in deterministic mode. Keys are loaded before, values after the scores:
     # loading both first, the first block outside the loop, was slower (BENCHMARKS.md, decode attention)
+    _wait_predecessor(PDL)  # launched early (deterministic mode's one row): wait before any read
     row = tl.program_id(0)
     kvh = tl.program_id(1)
     slot = tl.load(slots_ptr + row).to(tl.int64)  # int64: slot * stride_cs can pass 2^31
@@ -225,26 +228,29 @@ def _workspace(device: torch.device, kvh: int, rep_pad: int, d: int) -> tuple[to
 
 
 def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slots: torch.Tensor,
-                     lengths: torch.Tensor) -> torch.Tensor:
+                     lengths: torch.Tensor, invariant: bool = False) -> torch.Tensor:
     """q [B, H, 1, D]; k/v_cache one layer [S, KVH, L, D] (contiguous); slots [B]; lengths [B]
-    (keys per row, >= 1, positions 0..length-1 already written) -> [B, H, 1, D]. D a power of two."""
+    (keys per row, >= 1, positions 0..length-1 already written) -> [B, H, 1, D]. D a power of two.
+    invariant: a row's bits whatever B (deterministic mode): the multi-row kernel at every B,
+    with INVARIANT_TILE, never the row bucket's tile nor the one-row kernel's split keys."""
     b, h, _, d = q.shape
     kvh = k_cache.shape[1]
     rep = h // kvh
     assert q.stride(-1) == 1 and k_cache.is_contiguous() and v_cache.is_contiguous()
     out = torch.empty((b, 1, h, d), dtype=q.dtype, device=q.device).transpose(1, 2)  # o_proj reads [B, 1, H*D]
     rep_pad = max(16, triton.next_power_of_2(rep))
-    block, warps = (BLOCK_N, 4) if b == 1 else _tile(b * kvh, q.device)
+    block, warps = INVARIANT_TILE if invariant else (BLOCK_N, 4) if b == 1 else _tile(b * kvh, q.device)
     shape = dict(REP=rep, REP_PAD=rep_pad, D=d, BLOCK=block, USE_DOT=d >= 16)
     strides = (k_cache.stride(0), k_cache.stride(1), k_cache.stride(2))
-    if b == 1:
+    if b == 1 and not invariant:
         early = pdl_launch(q.device, b)
         _one_row_kernel[(kvh, ONE_ROW_SPLITS)](
             q, k_cache, v_cache, out, slots, lengths, *_workspace(q.device, kvh, rep_pad, d), q.stride(1),
             out.stride(1), *strides, d ** -0.5, **shape, SPLITS=ONE_ROW_SPLITS, SPLIT_FROM=SPLIT_FROM_BLOCKS,
             PDL=bool(early), **early)
     else:
+        early = pdl_launch(q.device, b) if invariant else {}
         _decode_attention_kernel[(b, kvh)](q, k_cache, v_cache, out, slots, lengths, q.stride(0), q.stride(1),
                                            out.stride(0), out.stride(1), *strides, d ** -0.5, **shape,
-                                           num_warps=warps)
+                                           PDL=bool(early), num_warps=warps, **early)
     return out

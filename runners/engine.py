@@ -16,23 +16,25 @@ What the engine needs of a model (a family's nn.Module), and nothing more:
       [B, T, streams] where a prompt has audio spans (zeros off the spans);
       decode: whatever the
       runner's before_decode put there (Higgs: audio_codes [B, 1, C])
-  model.compute_logits(hidden [B, H]) -> logits [B, ...]
+  model.compute_logits(hidden [B, H], invariant=False) -> logits [B, ...]
+      (invariant: a row's bits whatever B; deterministic decode asks for it)
   model.prefill_graph_inputs(prompts content) -> dict | None: the extra
       keyword arguments a CUDA-graphed prefill of these prompts passes, the
       same for every prompt it accepts; None keeps that prefill eager
 
 Deterministic mode makes each row's arithmetic independent of its batch-mates
 and of the batch size, so outputs are byte-identical however rows are
-batched: matmul and attention kernels pick their blocking (and so their
-rounding) from the shapes they see, so every shape is fixed (FixedShapes), and
-attention is pinned to a kernel measured to be bit-stable (see
-AttentionContext.deterministic). Prefill pads each prompt to a length bucket
-that depends on its own length only and runs chunks of a fixed number of
-prompts of one bucket; decode runs chunks of a fixed number of rows, with
-attention that depends only on the row (on CUDA the Triton kernel, which
-reads a row's keys up to its own length; elsewhere fixed key blocks whose
-masked tail is an exact no-op, so the key-length bucket may follow the
-batch). Padding rows use a spare KV slot that no request owns.
+batched. cuBLAS and PyTorch's kernels pick their blocking (and so their
+rounding) from the shapes they see, so where they run every shape is fixed
+(FixedShapes), and attention is pinned to a kernel measured to be bit-stable
+(see AttentionContext.deterministic). Prefill pads each prompt to a length
+bucket that depends on its own length only and runs chunks of a fixed number
+of prompts of one bucket. Decode on CUDA runs the whole step at once on
+batch-invariant kernels (the model's decode with ctx.deterministic, and
+compute_logits(invariant=True)); elsewhere it runs chunks of a fixed number
+of rows, with attention over fixed key blocks whose masked tail is an exact
+no-op, so the key-length bucket may follow the batch. Padding rows use a
+spare KV slot that no request owns.
 
 Shared prompt prefix (default mode): a prompt file's rows usually open with
 the same tokens (the system turn, a scene, a reference voice), so an eager
@@ -85,16 +87,17 @@ def shared_prefix(prompts: list[list[int]]) -> int:
 class FixedShapes:
     """The shapes deterministic mode runs at (constants per device type)."""
 
-    decode_rows: int  # rows per decode forward
+    decode_rows: int | None  # rows per decode forward; None: the whole step (batch-invariant kernels)
     prefill_rows: int  # prompts per prefill forward
     prefill_bucket: int  # prompts are padded to a multiple of this many tokens
 
 
 # Deterministic mode's shapes: constants per device type, so results do not depend on
-# --max-batch-size. On CUDA, 64 decode rows fill a step and a row's bits do not depend on its
-# place in the chunk; 32 prompts a prefill keep the eager prefill's launches amortised. On the
-# CPU the GEMMs' row tiles have remainder paths, so every row and prompt goes alone.
-DETERMINISTIC_SHAPES = {"cuda": FixedShapes(decode_rows=64, prefill_rows=32, prefill_bucket=64),
+# --max-batch-size. On CUDA decode runs every row in one step on batch-invariant kernels
+# (runners/higgs_audio_v2/invariant_step.py); 32 prompts a prefill keep the eager prefill's
+# launches amortised. On the CPU the GEMMs' row tiles have remainder paths, so every row and
+# prompt goes alone.
+DETERMINISTIC_SHAPES = {"cuda": FixedShapes(decode_rows=None, prefill_rows=32, prefill_bucket=64),
                         "cpu": FixedShapes(decode_rows=1, prefill_rows=1, prefill_bucket=1)}
 
 

@@ -1,4 +1,4 @@
-"""`omni bench` runs all three peers on one set of random weights and writes its table, JSON and plot."""
+"""`omni bench` runs its peers (all three by default) on one set of random weights and writes its table, JSON and plot."""
 
 from __future__ import annotations
 
@@ -19,6 +19,18 @@ def test_bench_tiny_shape_writes_json_and_plot(tmp_path):
     assert all(r["floor_ms"] is None for r in info["rows"])  # floors are for the H200 only
     assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "transformers" in res.output and "audio-s/s" in res.output
+
+
+def test_bench_peers_measures_deterministic_mode_beside_the_default(tmp_path):
+    """--peers picks the rows of the table, deterministic mode's among them; a peer it does not
+    know is refused by name before anything loads (exit 2)."""
+    out = tmp_path / "bench.json"
+    res = run_cli("bench", "--shape", "tiny-higgs-audio-v2", "--batch", "2", "--frames", "12", "--prompt-len", "10",
+                  "--dtype", "float32", "--device", "cpu", "--out", out, "--peers", "async,deterministic")
+    assert res.exit_code == 0, res.output
+    assert [r["peer"] for r in json.loads(out.read_text())["rows"]] == ["async", "deterministic"]
+    bad = run_cli("bench", "--shape", "tiny-higgs-audio-v2", "--peers", "async,fast", "--out", tmp_path / "x.json")
+    assert bad.exit_code == 2 and "--peers" in bad.output and not (tmp_path / "x.json").exists()
 
 
 def test_bench_shape_3b_matches_the_release():

@@ -15,10 +15,12 @@ triton = pytest.importorskip("triton")
 
 
 @pytest.mark.parametrize("script", ["interpret_decode_attention", "interpret_fused_decode", "interpret_fused_draw",
-                                    "interpret_higgs_step", "interpret_fused_codec"])
+                                    "interpret_higgs_step", "interpret_fused_codec", "interpret_invariant_decode",
+                                    "interpret_invariant_decode negative"])
 def test_kernels_in_interpreter(script):
     env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(REPO)}
-    res = subprocess.run([sys.executable, "-m", f"tests.{script}"], cwd=REPO, env=env,
+    module, *args = script.split()
+    res = subprocess.run([sys.executable, "-m", f"tests.{module}", *args], cwd=REPO, env=env,
                          capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stdout + res.stderr[-3000:]
 
@@ -37,7 +39,7 @@ def test_multi_row_attention_compiles_for_hopper(block, warps):
     sig = {**{p: "*bf16" for p in ("q_ptr", "k_ptr", "v_ptr", "out_ptr")}, "slots_ptr": "*i64", "lengths_ptr": "*i64",
            **{s: "i32" for s in ("stride_qb", "stride_qh", "stride_ob", "stride_oh", "stride_cs", "stride_ch",
                                  "stride_ct")}, "scale": "fp32"}
-    consts = {"REP": 3, "REP_PAD": 16, "D": 128, "BLOCK": block, "USE_DOT": True}
+    consts = {"REP": 3, "REP_PAD": 16, "D": 128, "BLOCK": block, "USE_DOT": True, "PDL": False}
     src = ASTSource(_decode_attention_kernel, {**sig, **{k: "constexpr" for k in consts}}, constexprs=consts)
     assert triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps}).asm["cubin"]
 

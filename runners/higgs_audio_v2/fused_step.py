@@ -12,7 +12,10 @@ the CPU's path); tests/interpret_higgs_step.py holds these kernels to them.
 
 Hazard: padding rows share one slot, so their counter updates race; that
 slot's state is garbage either way (runners/cuda_graphs.py) and no real row
-reads it.
+reads it. Within a program the counters are read by every warp before any
+warp writes them back (a barrier): a warp that read a counter already
+advanced masked its columns by the next step's ramp, which changed rows'
+codes from run to run at 256 rows (BENCHMARKS.md, batch invariance).
 """
 
 from __future__ import annotations
@@ -31,10 +34,13 @@ def _delay_masks_kernel(logits_ptr, scores_ptr, slots_ptr, steps_ptr, min_new_pt
     early = tl.load(steps_ptr + b) < tl.load(min_new_ptr + s)  # no stream-EOS before min_new_frames
     bos = tl.load(bos_delay_ptr + s * C + c)
     force_bos = bos >= 0  # the start ramp: stream-BOS only, then one step less
-    tl.store(bos_delay_ptr + s * C + c, tl.where(force_bos, bos - 1, bos))
     eos = tl.load(eos_delay_ptr + s * C + c) - tl.load(started_ptr + s).to(tl.int64)
-    tl.store(eos_delay_ptr + s * C + c, eos)
     force_eos = eos <= 0  # the staircase: stream-EOS only
+    # NOTE: every warp loads these scalars itself; without the barrier a warp could read a counter
+    # another warp already stored (its read-modify-write), so it masked by the next step's ramp
+    tl.debug_barrier()
+    tl.store(bos_delay_ptr + s * C + c, tl.where(force_bos, bos - 1, bos))
+    tl.store(eos_delay_ptr + s * C + c, eos)
     cols = tl.arange(0, BLOCK_V)
     ok = cols < v
     row = (b * C + c).to(tl.int64) * v

@@ -398,7 +398,12 @@ class HiggsAudioV2LM(nn.Module):
         from ..fused_ops import add_rmsnorm
 
         x, delta = x[:, 0], None
-        if self._gemv_rows(x.shape[0]):
+        if ctx.deterministic:  # batch-invariant kernels at any row count (invariant_step.py)
+            from .invariant_step import decode_layer
+
+            for layer in self.model.layers:
+                x = decode_layer(layer, x, self.rope_cos, self.rope_sin, ctx)
+        elif self._gemv_rows(x.shape[0]):
             for layer in self.model.layers:
                 x = layer.decode_gemv(x, self.rope_cos, self.rope_sin, ctx)
         else:
@@ -407,8 +412,13 @@ class HiggsAudioV2LM(nn.Module):
         norm = self.model.norm
         return add_rmsnorm(x, delta, norm.weight, norm.eps)[1][:, None]
 
-    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """hidden [B, H] -> float32 logits [B, C * codebook_size] (bf16-rounded where the weights are bf16)."""
+    def compute_logits(self, hidden: torch.Tensor, invariant: bool = False) -> torch.Tensor:
+        """hidden [B, H] -> float32 logits [B, C * codebook_size] (bf16-rounded where the weights are bf16);
+        invariant: a row's bits whatever B (deterministic decode on the fused path)."""
+        if invariant and self.fused:
+            from .invariant_step import head
+
+            return head(self.audio_lm_head, hidden)
         if self._gemv_rows(hidden.shape[0]):
             from ..fused_gemv import gemv
 

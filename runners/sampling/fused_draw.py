@@ -172,15 +172,21 @@ def blocks(vocab: int) -> tuple[int, int]:
 
 def warps(rows: int) -> int:
     """Warps per row, by the rows of a call: 8 while they fit the SMs, fewer as they queue
-    (the fastest at each size: BENCHMARKS.md)."""
+    (the fastest at each size: BENCHMARKS.md). The warps set how a row's sums reduce, so a
+    row's logprob (and, at a near-tie, its token) changes with them: batch-invariant draws
+    take INVARIANT_WARPS at every size."""
     return 8 if rows <= 128 else 4 if rows <= 1024 else 2
+
+
+INVARIANT_WARPS = 4  # deterministic mode's warps per row, whatever the call's rows
 
 
 def fused_draw_rows(scores: torch.Tensor, slots: torch.Tensor, steps: torch.Tensor, tables: dict[str, torch.Tensor],
                     streams: int, history: torch.Tensor, first: int = 0,
-                    total: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                    total: int | None = None, invariant: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """sampling.ops.draw_rows in one kernel (same arguments and results). A subset of a frame's
-    streams runs at the warps of the whole frame's rows, so its sums round as the full draw's."""
+    streams runs at the warps of the whole frame's rows, so its sums round as the full draw's;
+    invariant: at INVARIANT_WARPS, so a row's draw does not depend on the call's rows at all."""
     r, v = scores.shape
     total = streams if total is None else total
     tokens = torch.empty(r, dtype=torch.int64, device=scores.device)
@@ -189,5 +195,5 @@ def fused_draw_rows(scores: torch.Tensor, slots: torch.Tensor, steps: torch.Tens
     _draw_kernel[(r,)](scores.contiguous(), slots, steps, tables["temperature"], tables["top_k"], tables["top_p"],
                        tables["min_p"], tables["seed"], tokens, logprobs, history, history.shape[-1], v, first,
                        STREAMS=streams, TOTAL=total, MAIN=main, TAIL=tail,
-                       num_warps=warps(r // streams * total))
+                       num_warps=INVARIANT_WARPS if invariant else warps(r // streams * total))
     return tokens, logprobs

@@ -21,6 +21,8 @@ own history, so the earlier sub-steps of a frame do not change the later ones.
 
 from __future__ import annotations
 
+import functools
+
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -77,12 +79,14 @@ class Sampler:
     """Per-slot sampling state (parameter tables, suppress masks, token history) and the draw."""
 
     def __init__(self, num_slots: int, num_streams: int, vocab_size: int, max_seq_len: int, device: torch.device,
-                 ras_excluded_tokens: tuple[int, ...] = (), raw_logprobs: bool = False, fused: bool | None = None):
+                 ras_excluded_tokens: tuple[int, ...] = (), raw_logprobs: bool = False, fused: bool | None = None,
+                 invariant: bool = False):
         """num_slots: slots requests can own; the tables hold one more, the slot that padding
         rows of a graphed or fixed-shape step use (the engine's spare KV slot).
         ras_excluded_tokens: never counted as repeats (stream BOS/EOS). raw_logprobs: also
         report the unprocessed model logprobs. fused: the one-kernel Triton draw (default: on
-        CUDA with Triton), else the PyTorch one."""
+        CUDA with Triton), else the PyTorch one. invariant: a row's draw the same whatever the
+        rows beside it (deterministic mode; the PyTorch draw is already, row by row)."""
         self.num_streams, self.vocab_size, self.device = num_streams, vocab_size, device
         self.raw_logprobs = raw_logprobs
         s, c, v = num_slots + 1, num_streams, vocab_size
@@ -96,7 +100,7 @@ class Sampler:
         if fused_kernels_available(device) if fused is None else fused:
             from .fused_draw import fused_draw_rows
 
-            self.draw_rows = fused_draw_rows
+            self.draw_rows = functools.partial(fused_draw_rows, invariant=invariant)
 
     def install(self, slots_gpu: torch.Tensor, requests) -> None:
         """Write each new request's parameters into its slot's tables and clear its history

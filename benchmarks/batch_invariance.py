@@ -29,7 +29,8 @@ from benchmarks.e2e_generate import ensure_checkpoint  # noqa: E402
 from benchmarks.timing import write_results  # noqa: E402
 
 
-def generate(root: Path, name: str, rows: list[dict], batch: int, frames: int, deterministic: bool) -> tuple[Path, float]:
+def generate(root: Path, name: str, rows: list[dict], batch: int, frames: int,
+             deterministic: bool) -> tuple[Path, float]:
     prompts = root / f"{name}.jsonl"
     prompts.write_text("".join(json.dumps(r) + "\n" for r in rows))
     out = root / f"out-{name}"

@@ -95,8 +95,9 @@ def _decode_attention_kernel(
     REP: tl.constexpr, REP_PAD: tl.constexpr, D: tl.constexpr, BLOCK: tl.constexpr, USE_DOT: tl.constexpr,
     PDL: tl.constexpr,
 ):
-    # rows > 1 in the default mode (one row: _one_row_kernel below), any rows in deterministic mode. Keys are loaded before, values after the scores:
-    # loading both first, the first block outside the loop, was slower (BENCHMARKS.md, decode attention)
+    # rows > 1 in the default mode (one row: _one_row_kernel below), any rows in deterministic mode.
+    # Keys are loaded before, values after the scores: loading both first, the first block outside
+    # the loop, was slower (BENCHMARKS.md, decode attention)
     _wait_predecessor(PDL)  # launched early (deterministic mode's one row): wait before any read
     row = tl.program_id(0)
     kvh = tl.program_id(1)

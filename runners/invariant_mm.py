@@ -73,8 +73,9 @@ def _inv_mm_kernel(x_ptr, w_ptr, b_ptr, res_ptr, y_ptr, m, n, k, stride_x,
 
 
 # (BLOCK_M, BLOCK_N, BLOCK_K, warps, stages) per projection and row bucket, for speed only (see
-# the module docstring): the H200's fastest at 1, 16, 64 and 256 rows (BENCHMARKS.md,
-# batch-invariant projections); 32 rows take 64's tile with 32-row blocks, 128 rows 256's
+# the module docstring): the H200's fastest of the first sweep at 1, 16, 64 and 256 rows (a
+# second 256-row sweep found tiles a few us faster, not yet timed in a whole step: BENCHMARKS.md,
+# --deterministic); 32 rows take 64's tile with 32-row blocks, 128 rows 256's
 _TILES = {
     "qkv": {16: (16, 64, 512, 4, 3), 64: (64, 64, 128, 4, 4), 256: (128, 128, 128, 4, 3)},
     "o_proj": {16: (16, 32, 512, 4, 4), 64: (64, 32, 256, 4, 4), 256: (64, 128, 128, 4, 3)},
@@ -82,7 +83,6 @@ _TILES = {
     "down": {16: (16, 32, 512, 4, 4), 64: (64, 32, 256, 4, 4), 256: (64, 128, 128, 4, 3)},
     "head": {16: (16, 64, 256, 4, 4), 64: (64, 64, 256, 4, 3), 256: (128, 128, 128, 4, 3)},
 }
-KINDS = tuple(_TILES)
 
 
 def pick_tile(m: int, kind: str, k: int) -> tuple[int, int, int, int, int]:
@@ -100,7 +100,7 @@ def invariant_mm(x: torch.Tensor, weight: torch.Tensor, *, bias: torch.Tensor | 
     """x [m, k] -> [m, n]: x @ weight.T (+ bias) rounded to x's dtype, stored as out_dtype.
       residual [m, n]: returns residual + that (rounded again)
       silu_mul: weight [2n, k] (bias [2n]), gate rows then up rows; returns silu(gate) * up
-      kind: which projection's tiles (KINDS); tile (BLOCK_M, BLOCK_N, BLOCK_K, warps, stages)
+      kind: which projection's tiles (a key of _TILES); tile (BLOCK_M, BLOCK_N, BLOCK_K, warps, stages)
       overrides them (probes, and the tests' negative control)"""
     m, k = x.shape
     assert k % 16 == 0, "tensor-core tiles: k a multiple of 16"

@@ -22,7 +22,6 @@ own history, so the earlier sub-steps of a frame do not change the later ones.
 from __future__ import annotations
 
 import functools
-
 from dataclasses import dataclass
 from typing import NamedTuple
 

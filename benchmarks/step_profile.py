@@ -6,6 +6,7 @@ For each batch size, in one run:
   sample    the draw the runner uses (the fused kernel on CUDA) alone on [batch * 8, codebook]
             logits (temperature, top-k, top-p), ms, launched eagerly
   kernels   GPU time by kernel of the same forward launched eagerly (torch.profiler), top entries
+--deterministic profiles deterministic mode's step (runners/higgs_audio_v2/invariant_step.py).
 Prints a table and writes JSON.
 
   python benchmarks/step_profile.py --batch 1 64 --out step_profile.json
@@ -23,7 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from omni_cli.bench import random_model, run_requests  # noqa: E402
 from omni_cli.runners.attention import KVCache  # noqa: E402
-from omni_cli.runners.engine import Engine, ForwardBatch  # noqa: E402
+from omni_cli.runners.engine import DETERMINISTIC_SHAPES, Engine, ForwardBatch  # noqa: E402
 from omni_cli.runners.sampling.fused_draw import fused_draw_rows  # noqa: E402
 from benchmarks.timing import write_results  # noqa: E402
 
@@ -56,6 +57,7 @@ def main() -> None:
     ap.add_argument("--kv-len", type=int, default=164, help="keys per row in the timed forward")
     ap.add_argument("--max-seq-len", type=int, default=512)
     ap.add_argument("--top", type=int, default=15)
+    ap.add_argument("--deterministic", action="store_true")
     ap.add_argument("--out", type=Path, default=Path("step_profile.json"))
     args = ap.parse_args()
     device = torch.device("cuda")
@@ -65,10 +67,11 @@ def main() -> None:
     c, v = cfg.num_codebooks, cfg.codebook_size
     rows = []
     for b in args.batch:
-        step = run_requests(model, b, b, 64, 64, args.max_seq_len, True, device).ms_per_step
+        shapes = DETERMINISTIC_SHAPES["cuda"] if args.deterministic else None
+        step = run_requests(model, b, b, 64, 64, args.max_seq_len, True, device, shapes).ms_per_step
         kv = KVCache(cfg.num_hidden_layers, b + 1, cfg.num_key_value_heads, args.max_seq_len, cfg.head_dim,
                      torch.bfloat16, device)
-        engine = Engine(model, kv, device)
+        engine = Engine(model, kv, device, shapes)
         fb = _decode_batch(engine, b, args.kv_len, c)
         engine.use_graphs(capture=False)  # the graphed computation, launched eagerly
         eager_ms = _time_ms(lambda: engine.forward(fb), 10)
@@ -104,7 +107,7 @@ def main() -> None:
               f"{r['sample_ms']:>7.2f} {r['eager_kernel_ms']:>12.2f} {r['kernel_launches_per_forward']:>9.0f}")
         for k in r["kernels"]:
             print(f"      {k['ms_per_forward']:8.3f} ms {k['calls_per_forward']:6.0f}x  {k['name']}")
-    write_results(args.out, kv_len=args.kv_len, rows=rows)
+    write_results(args.out, kv_len=args.kv_len, deterministic=args.deterministic, rows=rows)
 
 
 if __name__ == "__main__":

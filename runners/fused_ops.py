@@ -36,15 +36,26 @@ def _wait_predecessor(PDL: tl.constexpr):
 
 
 @triton.jit
-def _add_rmsnorm_kernel(x_ptr, delta_ptr, w_ptr, x_out_ptr, h_out_ptr, n, eps,
-                        HAS_DELTA: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr):
+def _add_rmsnorm_kernel(x_ptr, delta_ptr, bias_ptr, w_ptr, x_out_ptr, h_out_ptr, n, rows, eps,
+                        HAS_DELTA: tl.constexpr, PARTS: tl.constexpr, HAS_BIAS: tl.constexpr,
+                        BLOCK: tl.constexpr, PDL: tl.constexpr):
+    # delta: [rows, n] in x's dtype, or PARTS > 0: float32 partial sums [PARTS, rows, n] of a projection
     _wait_predecessor(PDL)
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     ok = cols < n
     x = tl.load(x_ptr + row * n + cols, mask=ok, other=0.0)
     if HAS_DELTA:
-        x = (x.to(tl.float32) + tl.load(delta_ptr + row * n + cols, mask=ok, other=0.0).to(tl.float32)).to(x.dtype)
+        if PARTS > 0:  # the partials in index order, + bias, rounded once: F.linear's result
+            d = tl.load(delta_ptr + row * n + cols, mask=ok, other=0.0)
+            for s in tl.static_range(1, PARTS):
+                d += tl.load(delta_ptr + (s * rows + row) * n + cols, mask=ok, other=0.0)
+            if HAS_BIAS:
+                d += tl.load(bias_ptr + cols, mask=ok, other=0.0).to(tl.float32)
+            d = d.to(x.dtype)
+        else:
+            d = tl.load(delta_ptr + row * n + cols, mask=ok, other=0.0)
+        x = (x.to(tl.float32) + d.to(tl.float32)).to(x.dtype)
         tl.store(x_out_ptr + row * n + cols, x, mask=ok)
     x32 = x.to(tl.float32)
     normed = (x32 * tl.rsqrt(tl.sum(x32 * x32, 0) / n + eps)).to(x.dtype)  # rounded, then the weight
@@ -52,16 +63,21 @@ def _add_rmsnorm_kernel(x_ptr, delta_ptr, w_ptr, x_out_ptr, h_out_ptr, n, eps,
     tl.store(h_out_ptr + row * n + cols, (w.to(tl.float32) * normed.to(tl.float32)).to(x.dtype), mask=ok)
 
 
-def add_rmsnorm(x: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tensor, eps: float):
-    """x, delta [..., n] -> (x + delta, rmsnorm(x + delta) * weight); delta None: (x, rmsnorm(x) * weight)."""
+def add_rmsnorm(x: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tensor, eps: float, *,
+                parts: bool = False, bias: torch.Tensor | None = None):
+    """x, delta [..., n] -> (x + delta, rmsnorm(x + delta) * weight); delta None: (x, rmsnorm(x) * weight).
+    parts: delta is float32 [S, rows, n] (invariant_mm_parts), added as sum(delta) + bias rounded to x's dtype."""
     n = x.shape[-1]
+    rows = x.numel() // n
     x = x.contiguous()
     h = torch.empty_like(x)
     x_out = torch.empty_like(x) if delta is not None else x
-    early = pdl_launch(x.device, x.numel() // n)
-    _add_rmsnorm_kernel[(x.numel() // n,)](x, delta.contiguous() if delta is not None else x, weight, x_out, h, n, eps,
-                                           HAS_DELTA=delta is not None, BLOCK=triton.next_power_of_2(n),
-                                           PDL=bool(early), **early)
+    early = pdl_launch(x.device, rows)
+    _add_rmsnorm_kernel[(rows,)](x, delta.contiguous() if delta is not None else x,
+                                 bias if bias is not None else x, weight, x_out, h, n, rows, eps,
+                                 HAS_DELTA=delta is not None, PARTS=delta.shape[0] if parts else 0,
+                                 HAS_BIAS=bias is not None, BLOCK=triton.next_power_of_2(n),
+                                 PDL=bool(early), **early)
     return x_out, h
 
 

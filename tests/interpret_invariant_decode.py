@@ -97,8 +97,8 @@ def main() -> int:
     shipped_pick, shipped_attention = invariant_mm.pick_tile, decode_attention.decode_attention
 
     def step_follows_rows(m, kind, k):  # a batch-dependent reduction step
-        bm, bn, _, warps, stages = shipped_pick(m, kind, k)
-        return bm, bn, 16 if m == 1 else 32, warps, stages
+        bm, bn, _, warps, stages, tma = shipped_pick(m, kind, k)
+        return bm, bn, min(16 if m == 1 else 32, k & -k), warps, stages, tma
 
     def block_follows_rows(q, *args, invariant=False):  # a batch-dependent key block
         decode_attention.INVARIANT_TILE = (16, 4) if q.shape[0] == 1 else (32, 4)

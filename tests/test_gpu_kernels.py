@@ -233,7 +233,8 @@ def test_prefill_attention_reads_shared_kv_heads_as_repeated_ones():
 
 @pytest.mark.parametrize("kind", ["qkv", "o_proj", "gate_up", "down", "head"])
 def test_invariant_projections_give_a_row_the_same_bits_in_any_call_on_cuda(kind):
-    """invariant_mm at the 3B shapes in bf16, at row counts across every tile bucket: each row's
+    """invariant_mm (qkv, o_proj and down: its k-range partials, summed; o_proj's and down's into
+    the residual by add_rmsnorm) at the 3B shapes in bf16, at row counts across every tile bucket: each row's
     result equals, bit for bit, the same row's in a 256-row call and in a call whose other rows
     hold other values; and its error against float64 is within cuBLAS's (the op it replaces)
     plus one bf16 rounding. The oracle of the first is the kernel's own wider call: the property
@@ -241,8 +242,8 @@ def test_invariant_projections_give_a_row_the_same_bits_in_any_call_on_cuda(kind
     import torch
     import torch.nn.functional as F
 
-    from omni_cli.runners.fused_ops import silu_mul
-    from omni_cli.runners.invariant_mm import invariant_mm
+    from omni_cli.runners.fused_ops import add_rmsnorm, silu_mul
+    from omni_cli.runners.invariant_mm import SPLITS, invariant_mm, invariant_mm_parts
 
     n, k = {"qkv": (5120, 3072), "o_proj": (3072, 3072), "gate_up": (8192, 3072), "down": (3072, 8192),
             "head": (8208, 3072)}[kind]
@@ -254,8 +255,15 @@ def test_invariant_projections_give_a_row_the_same_bits_in_any_call_on_cuda(kind
     res = torch.randn(256, n, generator=g, device=dev).to(torch.bfloat16)
     out_dtype = torch.float32 if kind == "head" else None
 
+    ones = torch.ones(n, device=dev, dtype=torch.bfloat16)
+
     def call(xm, rm):
-        return invariant_mm(xm, w, silu_mul=silu, residual=rm if residual else None, out_dtype=out_dtype, kind=kind)
+        if kind not in SPLITS:
+            return invariant_mm(xm, w, silu_mul=silu, out_dtype=out_dtype, kind=kind)
+        parts = invariant_mm_parts(xm, w, kind=kind)  # k-range partials, summed by the next kernel
+        if residual:  # o_proj and down: into the residual, by add_rmsnorm
+            return add_rmsnorm(rm, parts, ones, 1e-6, parts=True)[0]
+        return sum(parts.unbind(0)).to(torch.bfloat16)  # qkv: rope_kv_write's sum, in index order
 
     full = call(x, res)
     for m in (1, 2, 15, 16, 17, 31, 33, 64, 65, 100, 128, 200):

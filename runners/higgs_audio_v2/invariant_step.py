@@ -3,10 +3,12 @@
 Every kernel of it computes a row from that row alone, in an order fixed by
 the row, so one launch serves any number of rows and a row's bits do not
 depend on its batch-mates, their count or its place among them:
-  add_rmsnorm, rope_kv_write   one program per row
-  qkv, o_proj, gate/up, down   invariant_mm (o_proj and down add the residual)
-  attention                    decode_attention(invariant=True): fixed key blocks
-  head                         invariant_mm, float32 out
+  add_rmsnorm         one program per row; adds the projection before it from its
+                      float32 partials (the first layer's has none)
+  qkv, gate/up, head  invariant_mm (gate/up: silu·up; head: float32 out)
+  rope_kv_write       one program per row
+  attention           decode_attention(invariant=True): fixed key blocks
+  o_proj, down        invariant_mm_parts: fixed k ranges, summed by the next add_rmsnorm
 A layer is eight kernels; the default step's one-row GEMVs and cuBLAS GEMMs
 round differently, so the two modes' outputs differ by rounding.
 """
@@ -17,23 +19,34 @@ import torch
 
 from ..decode_attention import decode_attention
 from ..fused_ops import add_rmsnorm, rope_kv_write
-from ..invariant_mm import invariant_mm
+from ..invariant_mm import invariant_mm, invariant_mm_parts
+
+# a projection not yet added to the residual: (float32 partials [S, B, n], bias or None)
+Pending = tuple[torch.Tensor, torch.Tensor | None]
 
 
-def decode_layer(layer, x: torch.Tensor, rope_cos: torch.Tensor, rope_sin: torch.Tensor, ctx) -> torch.Tensor:
-    """One DecoderLayer's audio path for one decode token per row: x [B, hidden] the residual
-    in -> the residual out (the same arithmetic as DecoderLayer.decode_fused, other kernels)."""
+def add_norm(x: torch.Tensor, pending: Pending | None, norm) -> tuple[torch.Tensor, torch.Tensor]:
+    """(x + the pending projection, rmsnorm of that * norm.weight); x [B, hidden]."""
+    if pending is None:
+        return add_rmsnorm(x, None, norm.weight, norm.eps)
+    return add_rmsnorm(x, pending[0], norm.weight, norm.eps, parts=True, bias=pending[1])
+
+
+def decode_layer(layer, x: torch.Tensor, pending: Pending | None, rope_cos: torch.Tensor, rope_sin: torch.Tensor,
+                 ctx) -> tuple[torch.Tensor, Pending]:
+    """One DecoderLayer's audio path for one decode token per row (DecoderLayer.decode_fused's
+    arithmetic, other kernels): the residual x [B, hidden] and the layer before's pending down
+    projection -> the residual and this layer's pending down projection."""
     a, mlp = layer.self_attn, layer.audio_mlp
-    n1, n2 = layer.audio_input_layernorm, layer.audio_post_attention_layernorm
     kc, vc = ctx.kv.k_gpu[a.layer], ctx.kv.v_gpu[a.layer]
-    _, h = add_rmsnorm(x, None, n1.weight, n1.eps)
+    x, h = add_norm(x, pending, layer.audio_input_layernorm)
     qkv = invariant_mm(h, a.qkv_weight, bias=a.qkv_bias, kind="qkv")
     q = rope_kv_write(qkv, rope_cos, rope_sin, ctx.positions_gpu[:, 0], ctx.slots_gpu, kc, vc, a.n_heads, a.n_kv)
     attn = decode_attention(q, kc, vc, ctx.slots_gpu, ctx.lengths_gpu, invariant=True)  # [B, H, 1, D]
-    x = invariant_mm(attn.reshape(x.shape[0], -1), a.o_proj.weight, bias=a.o_proj.bias, residual=x, kind="o_proj")
-    _, h = add_rmsnorm(x, None, n2.weight, n2.eps)
+    o_parts = invariant_mm_parts(attn.reshape(x.shape[0], -1), a.o_proj.weight, kind="o_proj")
+    x, h = add_norm(x, (o_parts, a.o_proj.bias), layer.audio_post_attention_layernorm)
     g = invariant_mm(h, mlp.gate_up_weight, silu_mul=True, kind="gate_up")
-    return invariant_mm(g, mlp.down_proj.weight, residual=x, kind="down")
+    return x, (invariant_mm_parts(g, mlp.down_proj.weight, kind="down"), mlp.down_proj.bias)
 
 
 def head(lm_head: torch.nn.Linear, hidden: torch.Tensor) -> torch.Tensor:

@@ -399,11 +399,13 @@ class HiggsAudioV2LM(nn.Module):
 
         x, delta = x[:, 0], None
         if ctx.deterministic:  # batch-invariant kernels at any row count (invariant_step.py)
-            from .invariant_step import decode_layer
+            from .invariant_step import add_norm, decode_layer
 
+            pending = None
             for layer in self.model.layers:
-                x = decode_layer(layer, x, self.rope_cos, self.rope_sin, ctx)
-        elif self._gemv_rows(x.shape[0]):
+                x, pending = decode_layer(layer, x, pending, self.rope_cos, self.rope_sin, ctx)
+            return add_norm(x, pending, self.model.norm)[1][:, None]
+        if self._gemv_rows(x.shape[0]):
             for layer in self.model.layers:
                 x = layer.decode_gemv(x, self.rope_cos, self.rope_sin, ctx)
         else:

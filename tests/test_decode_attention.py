@@ -15,7 +15,8 @@ triton = pytest.importorskip("triton")
 
 
 @pytest.mark.parametrize("script", ["interpret_decode_attention", "interpret_fused_decode", "interpret_fused_draw",
-                                    "interpret_higgs_step", "interpret_fused_codec", "interpret_invariant_decode"])
+                                    "interpret_higgs_step", "interpret_fused_codec", "interpret_invariant_decode",
+                                    "interpret_invariant_mm"])
 def test_kernels_in_interpreter(script):
     env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(REPO)}
     res = subprocess.run([sys.executable, "-m", f"tests.{script}"], cwd=REPO, env=env,
@@ -40,6 +41,32 @@ def test_multi_row_attention_compiles_for_hopper(block, warps):
     consts = {"REP": 3, "REP_PAD": 16, "D": 128, "BLOCK": block, "USE_DOT": True, "PDL": False}
     src = ASTSource(_decode_attention_kernel, {**sig, **{k: "constexpr" for k in consts}}, constexprs=consts)
     assert triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps}).asm["cubin"]
+
+
+@pytest.mark.parametrize("kind, rows", [("gate_up", 256), ("down", 256), ("head", 64)])
+def test_invariant_projection_compiles_for_hopper_with_tma(kind, rows):
+    """Deterministic mode's projection kernel as invariant_mm launches it at the 3B shape, with
+    its shipped TMA tiles (gate/up's two tiles, down's k-range partials, the head's float32
+    out), compiled for sm_90 without a GPU: it must load through bulk tensor copies and
+    multiply on wgmma, which the interpreter cannot show."""
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from omni_cli.runners.invariant_mm import SPLITS, _inv_mm_kernel, pick_tile
+
+    k = {"gate_up": 3072, "down": 8192, "head": 3072}[kind]
+    splits = SPLITS.get(kind, 1)
+    bm, bn, bk, warps, stages, tma = pick_tile(rows, kind, k // splits)
+    assert tma
+    sig = {"x_ptr": f"tensordesc<bf16[{bm}, {bk}]>", "w_ptr": f"tensordesc<bf16[{bn}, {bk}]>", "b_ptr": "*bf16",
+           "y_ptr": "*bf16" if kind == "gate_up" else "*fp32", "m": "i32", "n": "i32", "k": "i32", "stride_x": "i32"}
+    consts = {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "HAS_BIAS": False,
+              "EPILOGUE": {"gate_up": 2, "down": 3, "head": 0}[kind], "PRECISION": "tf32", "PDL": False,
+              "SPLITS": splits, "TMA": True}
+    src = ASTSource(_inv_mm_kernel, {**sig, **{c: "constexpr" for c in consts}}, constexprs=consts)
+    ptx = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps, "num_stages": stages}
+                         ).asm["ptx"]
+    assert "cp.async.bulk.tensor" in ptx and "wgmma" in ptx
 
 
 @pytest.mark.parametrize("streams, total", [(8, 8), (3, 8)])

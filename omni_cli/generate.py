@@ -22,11 +22,11 @@ from omni_cli.audio_stage import AudioStage
 from omni_cli.chunked import ChunkedRows, LongRow, check_chunk_flags, first_chunk
 from omni_cli.config import ModelConfig, load_config
 from omni_cli.errors import OmniError, RowError
-from omni_cli.folder import prepare_out_dir, read_manifest_lenient, row_hash, row_intact, temporaries
+from omni_cli.folder import row_hash, row_intact
+from omni_cli.job_io import LocalIO
 from omni_cli.longform import DEFAULT_CHUNK_BUFFER, DEFAULT_CHUNK_METHOD
 from omni_cli.loop import run_loop
-from omni_cli.output import OutputWriter, check_format, write_run_json
-from omni_cli.progress import Progress
+from omni_cli.output import check_format
 from omni_cli.prompts import PromptRow, read_prompts
 from omni_cli.results import RowResults, input_fields
 from omni_cli.run_record import async_summary, run_record
@@ -76,6 +76,8 @@ class GenerateOptions:
     voices: Path | None = None  # --voices: a voice bank file, over the config's voices
     chunk_method: str = DEFAULT_CHUNK_METHOD  # long-form text (omni_cli/longform.py): auto, sentence, none
     chunk_buffer: int = DEFAULT_CHUNK_BUFFER  # earlier chunks a chunk's prompt holds
+    devices: tuple[str, ...] | None = None  # --devices (omni_cli/workers.py); one device: this process's
+    ray: str | None = None  # --ray ADDRESS: the job as a Ray Data pipeline (omni_cli/ray.py)
 
 
 @dataclass
@@ -91,20 +93,22 @@ class _MaxFailures(Exception):
     """--max-failures reached: the loop stops at this step."""
 
 
-def run_generate(opts: GenerateOptions) -> RunSummary:
+def run_generate(opts: GenerateOptions, io: LocalIO | None = None) -> RunSummary:
+    """io: where rows come from and results go (omni_cli/job_io.py); a worker's or an actor's own."""
+    io = io or LocalIO()
     t = {"start": time.perf_counter()}
     check_format(opts.fmt)
     if opts.max_failures is not None and opts.max_failures < 1:
         raise OmniError(f"--max-failures must be >= 1, got {opts.max_failures}")
     check_chunk_flags(opts.chunk_method, opts.chunk_buffer)
     config, base_params = _settings(opts)
-    rows = read_prompts(opts.prompts)
+    rows = read_prompts(opts.prompts) if io.rows is None else io.rows
     if opts.shard is not None:
         rows = opts.shard.select(rows)
-    with SignalGuard() as guard:
-        lock = prepare_out_dir(opts.out, opts.overwrite, opts.resume)  # before the weights load
+    with io.guard() as guard:
+        lock = io.lock(opts)  # before the weights load
         try:
-            return _run(opts, config, base_params, rows, t, guard)
+            return _run(opts, config, base_params, rows, t, guard, io)
         except KeyboardInterrupt as e:  # before any row ran (the load): nothing to record
             print("omni: interrupted before any row ran", file=sys.stderr, flush=True)
             return RunSummary(total=len(rows), ok=0, failed=0, interrupted=True, exit_code=exit_code(e))
@@ -113,28 +117,27 @@ def run_generate(opts: GenerateOptions) -> RunSummary:
 
 
 def _run(opts: GenerateOptions, config: ModelConfig, base_params: SamplingParams, rows: list[PromptRow],
-         t: dict, guard: SignalGuard) -> RunSummary:
+         t: dict, guard: SignalGuard, io: LocalIO) -> RunSummary:
     t["read"] = time.perf_counter()
     family = family_class(config.family, config.path)  # the family's imports
     check_run(rows, base_params, config, family.limits(config.checkpoint), opts.fmt)  # nothing loaded yet
     clips = check_references(rows, config.voices, prompt_base(opts.prompts))  # read and checked, not encoded
     t["family"] = time.perf_counter()
     spec = _load_spec(config, opts)
-    model = family.load(spec)
+    model = io.load(family, spec)
     t["loaded"] = time.perf_counter()
     references = attach_references(rows, model, clips)
     t["references"] = time.perf_counter()
 
     identity = _model_identity(config, spec, opts)
-    earlier = {e["id"]: e for e in read_manifest_lenient(opts.out / "metadata.jsonl")} if opts.resume else {}
-    for p in temporaries(opts.out):  # what a killed run left mid-write
-        p.unlink(missing_ok=True)
+    earlier = io.earlier(opts.out) if opts.resume else {}
+    io.clear_temporaries(opts.out)
     scheduler = Scheduler(model.num_slots, config.max_seq_len)  # the budget may grant fewer slots
     chunker = ChunkedRows(model, scheduler, opts.chunk_buffer)
     queued, rejected, kept, changed = _queue(rows, model, config, base_params, opts.seed, scheduler,
                                              identity, earlier, opts.out, (chunker, opts.chunk_method))
-    writer = OutputWriter(opts.out, opts.fmt, model.sample_rate, kept, _stdout_line if opts.jsonl_stdout else None)
-    progress = Progress(len(rows) - len(kept), opts.quiet)
+    writer = io.writer(opts.out, opts.fmt, model.sample_rate, kept, _stdout_line if opts.jsonl_stdout else None)
+    progress = io.progress(len(rows) - len(kept), opts.quiet)
     results = RowResults(writer, progress, model.real_code_mask, opts.quiet)
     results.rows = queued
     audio = AudioStage(model.codec, model.batched_codec)
@@ -199,7 +202,7 @@ def _run(opts: GenerateOptions, config: ModelConfig, base_params: SamplingParams
     record["references"] = references.as_record()
     record["totals"].update(kept=len(kept), exit_code=code,
                             run_error=None if fault is None else f"{type(fault).__name__}: {fault}")
-    write_run_json(opts.out, record)
+    io.record(opts.out, record)
     if not opts.quiet:
         progress.print_line(async_summary(config.async_decode, model.runner, stats))
     if code == EXIT_OK and results.failed:
@@ -254,6 +257,8 @@ def _settings(opts: GenerateOptions) -> tuple[ModelConfig, SamplingParams]:
         if opts.max_batch_size < 1:
             raise OmniError(f"--max-batch-size must be >= 1, got {opts.max_batch_size}")
         config = replace(config, max_batch_size=opts.max_batch_size)
+    if opts.devices is not None and len(opts.devices) == 1:  # a worker's device, over the config's
+        config = replace(config, device=opts.devices[0])
     if opts.deterministic is not None:
         config = replace(config, deterministic=opts.deterministic)
     if opts.async_decode is not None:

@@ -93,20 +93,29 @@ class OutputWriter:
         self._on_row = on_row
         (out / "audio").mkdir(parents=True, exist_ok=True)
         (out / "logprobs").mkdir(parents=True, exist_ok=True)
-        # the kept rows first, whole (temporary file + rename), then this run's appended
-        _atomic_write(out / "metadata.jsonl", "".join(self._lines[r] for r in sorted(self._lines)).encode("utf-8"))
-        self._fd = os.open(out / "metadata.jsonl", os.O_WRONLY | os.O_APPEND)
         self._lock = threading.Lock()  # manifest rows come from the writer threads and the main one
+        self._fd = self._open_manifest()
+
+    def _open_manifest(self) -> int:
+        # the kept rows first, whole (temporary file + rename), then this run's appended
+        _atomic_write(self.out / "metadata.jsonl", "".join(self._lines[r] for r in sorted(self._lines)).encode("utf-8"))
+        return os.open(self.out / "metadata.jsonl", os.O_WRONLY | os.O_APPEND)
 
     def add_row(self, row: int, record: dict[str, Any]) -> None:
-        line = json_line(record)
+        self.add_line(row, json_line(record))
+
+    def add_line(self, row: int, line: str) -> None:
+        """One manifest line (json_line's), appended as one write(2)."""
         with self._lock:
             self._lines[row] = line
-            data = line.encode("utf-8")
-            while data:  # one write(2) for a line of any usual size; a short write continues
-                data = data[os.write(self._fd, data):]
+            self._emit(row, line)
             if self._on_row is not None:
                 self._on_row(line)
+
+    def _emit(self, row: int, line: str) -> None:
+        data = line.encode("utf-8")
+        while data:  # one write(2) for a line of any usual size; a short write continues
+            data = data[os.write(self._fd, data):]
 
     def write_ok(self, row: int, rid: str, samples: np.ndarray, tokens: np.ndarray, logprobs: np.ndarray,
                  mask: np.ndarray, meta: dict[str, Any], raw_logprobs: np.ndarray | None = None,

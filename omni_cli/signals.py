@@ -31,14 +31,15 @@ def exit_code(exc: BaseException) -> int:
 class SignalGuard:
     SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
-    def __init__(self) -> None:
+    def __init__(self, signals: tuple[int, ...] = SIGNALS) -> None:
+        self.signals = signals  # a --devices worker's: SIGUSR1, which its parent sends (omni_cli/workers.py)
         self.signum: int | None = None  # the first signal received
         self.may_raise = True  # False while the run finishes: the signal is only recorded
         self._old: dict[int, object] = {}
 
     def __enter__(self) -> "SignalGuard":
         if threading.current_thread() is threading.main_thread():  # handlers install only there
-            for s in self.SIGNALS:
+            for s in self.signals:
                 self._old[s] = signal.signal(s, self._handle)
         return self
 

@@ -125,6 +125,12 @@ def generate(
                                      "a sentence; none: never split. A row's `chunk` field wins."),
     chunk_buffer: int = typer.Option(2, "--chunk-buffer", help="Earlier chunks (text and audio) a chunk is "
                                      "generated after, so the voice carries on."),
+    devices: Optional[str] = typer.Option(None, "--devices", metavar="LIST", help="One worker process per device "
+                                          "on this host: all (every GPU), or a list such as 0,1,2,3, cuda:0 or "
+                                          "cpu,cpu; the rows are shared out by a hash of their id, one output folder."),
+    ray: Optional[str] = typer.Option(None, "--ray", metavar="ADDRESS", help="Run the job as a Ray Data pipeline "
+                                      "(pip install 'omni-cli[ray]'): auto joins a running cluster, local starts one "
+                                      "here, or a ray:// address; the output folder must be on a path every node shares."),
 ) -> None:
     """Generate speech for every prompt row.
 
@@ -135,7 +141,15 @@ def generate(
     from omni_cli.generate import GenerateOptions, run_generate
     from omni_cli.shard import parse_shard
 
+    from omni_cli.workers import parse_devices
+
+    for (a, x), (b, y) in ((("--devices", devices), ("--shard", shard)), (("--ray", ray), ("--devices", devices)),
+                           (("--ray", ray), ("--shard", shard))):
+        if x is not None and y is not None:
+            typer.echo(f"omni: error: {a} and {b} exclude each other", err=True)
+            raise typer.Exit(2)
     shard_spec = _run(lambda: parse_shard(shard))
+    device_list = _run(lambda: parse_devices(devices))
     try:
         suppress = None if suppress_tokens is None else tuple(int(t) for t in suppress_tokens.split(",") if t.strip())
     except ValueError:
@@ -148,8 +162,18 @@ def generate(
                            max_new_frames=max_new_frames, min_new_frames=min_new_frames, deterministic=deterministic,
                            raw_logprobs=raw_logprobs, async_decode=async_decode, fmt=fmt, quiet=quiet, overwrite=overwrite,
                            resume=resume, max_failures=max_failures, jsonl_stdout=jsonl_stdout, shard=shard_spec,
-                           voices=voices, chunk_method=chunk_method, chunk_buffer=chunk_buffer)
-    summary = _run(lambda: run_generate(opts))
+                           voices=voices, chunk_method=chunk_method, chunk_buffer=chunk_buffer,
+                           devices=device_list, ray=ray)
+    if ray is not None:
+        from omni_cli.ray import run_ray
+
+        summary = _run(lambda: run_ray(opts))
+    elif device_list is not None and len(device_list) > 1:
+        from omni_cli.workers import run_devices
+
+        summary = _run(lambda: run_devices(opts))
+    else:
+        summary = _run(lambda: run_generate(opts))
     if summary.exit_code:
         raise typer.Exit(summary.exit_code)
 

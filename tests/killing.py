@@ -9,6 +9,11 @@ OMNI_TEST_KILL:
   term:N        SIGTERM after the N-th row was written (the run's own handler takes it)
   term2:N       SIGTERM and SIGINT there (the same signal twice would merge into one while
                 pending): the second handled exits at once
+
+OMNI_TEST_WORKER_KILL=SHARE:ATTEMPTS:N (--devices, tests/test_devices.py): a worker process of
+share SHARE, on an attempt listed in ATTEMPTS (0: the first run, 1: its rerun; e.g. 0 or 0,1),
+SIGKILLs itself after its N-th row's files and manifest line were written. Worker processes import
+this module as __mp_main__ (multiprocessing's spawn), which installs the hook there.
 """
 
 from __future__ import annotations
@@ -66,6 +71,27 @@ def _install(spec: str) -> None:
     else:
         raise SystemExit(f"unknown OMNI_TEST_KILL {spec!r}")
 
+
+def _install_worker_kill(spec: str) -> None:
+    from omni_cli import results
+
+    share, attempts, n = spec.split(":")
+    victims = {f"{share}:{a}" for a in attempts.split(",")}
+    write, count, lock = results.RowResults._write, [0], threading.Lock()
+
+    def counting_write(self, *a, **k):
+        write(self, *a, **k)
+        who = os.environ.get("OMNI_WORKER", "")  # set by the worker: SHARE/COUNT:ATTEMPT
+        with lock:
+            count[0] += 1
+            if count[0] == int(n) and f"{who.split('/')[0]}:{who.rpartition(':')[2]}" in victims:
+                os.kill(os.getpid(), signal.SIGKILL)
+
+    results.RowResults._write = counting_write
+
+
+if __name__ == "__mp_main__" and os.environ.get("OMNI_TEST_WORKER_KILL"):
+    _install_worker_kill(os.environ["OMNI_TEST_WORKER_KILL"])
 
 if __name__ == "__main__":
     if os.environ.get("OMNI_TEST_KILL"):

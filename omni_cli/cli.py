@@ -165,8 +165,11 @@ def generate(
                            voices=voices, chunk_method=chunk_method, chunk_buffer=chunk_buffer,
                            devices=device_list, ray=ray)
     if ray is not None:
-        from omni_cli.ray import run_ray
-
+        try:
+            from omni_cli.ray import run_ray
+        except ImportError as e:
+            typer.echo(f"omni: error: --ray needs Ray Data: pip install 'omni-cli[ray]' ({e})", err=True)
+            raise typer.Exit(2) from None
         summary = _run(lambda: run_ray(opts))
     elif device_list is not None and len(device_list) > 1:
         from omni_cli.workers import run_devices

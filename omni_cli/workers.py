@@ -259,10 +259,10 @@ class _ParentSignals:
             os._exit(128 + signum)
 
 
-def run_devices(opts) -> object:
-    """`omni generate --devices`: a RunSummary, as run_generate's."""
+def check_job(opts) -> tuple:
+    """What run_generate checks before anything loads, for a parent that shares the rows out:
+    (config, base sampling params, every row, bad ones carrying their errors)."""
     from omni_cli.chunked import check_chunk_flags
-    from omni_cli.folder import prepare_out_dir
     from omni_cli.generate import _settings
     from omni_cli.output import check_format
     from omni_cli.prompts import read_prompts
@@ -270,17 +270,25 @@ def run_devices(opts) -> object:
     from omni_cli.validate import check_run
     from omni_cli.voices import check_references, prompt_base
 
-    t0 = time.perf_counter()
-    if opts.shard is not None:
-        raise OmniError("--devices and --shard exclude each other: --devices shares the rows out itself")
     if opts.max_failures is not None:
-        raise OmniError("--max-failures is not supported with --devices (each worker would count alone)")
+        raise OmniError("--max-failures is not supported with --devices or --ray (each worker would count alone)")
     check_format(opts.fmt)
     check_chunk_flags(opts.chunk_method, opts.chunk_buffer)
     config, base_params = _settings(replace(opts, devices=None))
     rows = read_prompts(opts.prompts)
     check_run(rows, base_params, config, family_class(config.family, config.path).limits(config.checkpoint), opts.fmt)
     check_references(rows, config.voices, prompt_base(opts.prompts))
+    return config, base_params, rows
+
+
+def run_devices(opts) -> object:
+    """`omni generate --devices`: a RunSummary, as run_generate's."""
+    from omni_cli.folder import prepare_out_dir
+
+    t0 = time.perf_counter()
+    if opts.shard is not None:
+        raise OmniError("--devices and --shard exclude each other: --devices shares the rows out itself")
+    config, _, rows = check_job(opts)
     with _ParentSignals() as sig:
         lock = prepare_out_dir(opts.out, opts.overwrite, opts.resume)
         try:

@@ -25,6 +25,8 @@ Prints a table and writes JSON.
 
   python benchmarks/e2e_generate.py --runs 1:4 64:64 256:256 --out e2e.json
   python benchmarks/e2e_generate.py --runs 256:256 --voices 4 --voice-seconds 10 --compare
+With --devices D..., each BATCH:ROWS runs once per D as `omni generate --devices D` (1 vs 2 vs 4 GPUs):
+  python benchmarks/e2e_generate.py --runs 256:4096 --devices 0 0,1 0,1,2,3
 """
 
 from __future__ import annotations
@@ -143,14 +145,17 @@ def write_inputs(root: Path, rows: int, frames: int, vary: int = 0, prompt_token
 
 
 def run(root: Path, rows: int, batch: int, frames: int, async_decode: bool, vary: int = 0,
-        prompt_tokens: int = 0, voices: int = 0, max_seq_len: int = 512, warm_cache: bool = False) -> dict:
+        prompt_tokens: int = 0, voices: int = 0, max_seq_len: int = 512, warm_cache: bool = False,
+        devices: str | None = None) -> dict:
     cfg, prompts = write_inputs(root, rows, frames, vary, prompt_tokens, voices, max_seq_len)
-    out = root / f"out-{rows}-{batch}-{int(async_decode)}-{vary}-{prompt_tokens}-{voices}"
+    out = root / f"out-{rows}-{batch}-{int(async_decode)}-{vary}-{prompt_tokens}-{voices}-{devices or 'one'}"
     cmd = [sys.executable, "-m", "omni_cli", "generate", str(prompts), "-o", str(out), "--model", str(cfg), "-q",
            "--max-batch-size", str(batch), "--max-new-frames", str(frames), "--min-new-frames", str(frames),
            "--seed", "1", "--async-decode" if async_decode else "--no-async-decode"]
     if voices:
         cmd += ["--voices", str(root / "voices.yaml")]
+    if devices:
+        cmd += ["--devices", devices]
     env = {**os.environ, "OMNI_CACHE_DIR": str(out) + "-cache"}  # a cold cache: the run encodes its voices
     if voices and warm_cache:  # `omni voices encode` first (untimed): the run reads the codes from the cache
         subprocess.run([sys.executable, "-m", "omni_cli", "voices", "encode", str(root / "voices.yaml"), "--model",
@@ -167,17 +172,21 @@ def run(root: Path, rows: int, batch: int, frames: int, async_decode: bool, vary
     if proc.returncode != 0:
         raise SystemExit(f"omni generate failed ({proc.returncode}): {' '.join(cmd)}")
     info = json.loads((out / "run.json").read_text())
-    audio, gen = info["totals"]["audio_s"], info["timings"]["generate_s"]
-    return {"rows": rows, "max_batch_size": batch, "async_decode": async_decode, "frames": frames, "vary": vary,
+    timings = info["timings"]
+    if "workers" in info:  # --devices: the first worker's phases; generate_s is the parent's, its spawns included
+        timings = {**next(w["timings"] for w in info["workers"] if w["timings"]), "generate_s": timings["generate_s"]}
+    audio, gen = info["totals"]["audio_s"], timings["generate_s"]
+    return {"rows": rows, "devices": devices, "per_device": info.get("devices"), "max_batch_size": batch,
+            "async_decode": async_decode, "frames": frames, "vary": vary,
             "prompt_tokens": prompt_tokens or None, "voices": voices, "max_seq_len": max_seq_len,
             "warm_cache": warm_cache and bool(voices),
-            "references": info.get("references"), "references_s": info["timings"].get("references_s"),
-            "first_wav_s": first, "wall_s": wall, "load_s": info["timings"]["load_s"],
-            "warmup_s": info["timings"]["warmup_s"], "load_phases": info["timings"]["load_phases"], "generate_s": gen,
+            "references": info.get("references"), "references_s": timings.get("references_s"),
+            "first_wav_s": first, "wall_s": wall, "load_s": timings["load_s"],
+            "warmup_s": timings["warmup_s"], "load_phases": timings["load_phases"], "generate_s": gen,
             "audio_s": audio, "audio_s_per_s_generate": audio / gen, "audio_s_per_s_wall": audio / wall,
-            **{k: info["timings"][k] for k in ("loop_s", "prefill_s", "prefill_steps", "write_tail_s", "tail_codec_s",
+            **{k: timings[k] for k in ("loop_s", "prefill_s", "prefill_steps", "write_tail_s", "tail_codec_s",
                                                 "write_busy_s", "codec_calls", "codec_s", "codec_max_call_s")},
-            "step_ms": info["timings"]["step_ms"], "kv_budget": info["kv_budget"],
+            "step_ms": timings["step_ms"], "kv_budget": info.get("kv_budget"),
             "query_hits": info["async_decode"]["query_hits"], "query_misses": info["async_decode"]["query_misses"]}
 
 
@@ -195,6 +204,9 @@ def main() -> None:
     ap.add_argument("--compare", action="store_true", help="run each BATCH:ROWS also without the voices")
     ap.add_argument("--warm-cache", action="store_true", help="encode the voices into the cache before each run")
     ap.add_argument("--max-seq-len", type=int, default=512, help="the model config's max_seq_len")
+    ap.add_argument("--devices", nargs="+", default=[None],
+                    help="run each BATCH:ROWS with `omni generate --devices D` for each D given (e.g. 0 0,1 0,1,2,3: "
+                         "1 vs 2 vs 4 GPUs); --max-batch-size is per device")
     ap.add_argument("--out", type=Path, default=Path("e2e_generate.json"))
     ap.add_argument("--root", type=Path, default=None,
                     help="keep the checkpoint (and outputs) in this folder, and reuse a checkpoint already there: "
@@ -214,13 +226,14 @@ def main() -> None:
             os.sync()
             batch, rows = (int(x) for x in spec.split(":"))
             for voices in ([0, args.voices] if args.compare else [args.voices]):
-                results.append(run(root, rows, batch, args.frames, True, args.vary, args.prompt_tokens, voices,
-                                   args.max_seq_len, args.warm_cache))
-    print(f"{'batch':>5} {'rows':>5} {'voices':>6} {'first wav s':>12} {'wall s':>7} {'load s':>7} {'warm s':>7} {'audio s':>8} "
+                for devices in args.devices:
+                    results.append(run(root, rows, batch, args.frames, True, args.vary, args.prompt_tokens, voices,
+                                       args.max_seq_len, args.warm_cache, devices))
+    print(f"{'devices':>8} {'batch':>5} {'rows':>5} {'voices':>6} {'first wav s':>12} {'wall s':>7} {'load s':>7} {'warm s':>7} {'audio s':>8} "
           f"{'aud-s/s gen':>12} {'aud-s/s wall':>13} {'loop s':>7} {'prefill s':>9} {'prefills':>8} {'tail s':>7} "
           f"{'codec s':>8} {'calls':>6} {'longest':>8} {'tail codec':>10} {'writers':>8}")
     for r in results:
-        print(f"{r['max_batch_size']:>5} {r['rows']:>5} {r['voices']:>6} {r['first_wav_s'] or float('nan'):>12.1f} {r['wall_s']:>7.1f} "
+        print(f"{r['devices'] or '-':>8} {r['max_batch_size']:>5} {r['rows']:>5} {r['voices']:>6} {r['first_wav_s'] or float('nan'):>12.1f} {r['wall_s']:>7.1f} "
               f"{r['load_s']:>7.1f} {r['warmup_s']:>7.1f} {r['audio_s']:>8.1f} {r['audio_s_per_s_generate']:>12.1f} "
               f"{r['audio_s_per_s_wall']:>13.1f} {r['loop_s']:>7.2f} {r['prefill_s']:>9.2f} {r['prefill_steps']:>8} {r['write_tail_s']:>7.2f} "
               f"{r['codec_s']:>8.2f} {r['codec_calls']:>6} {r['codec_max_call_s']:>8.2f} "

@@ -203,12 +203,13 @@ def run_ray(opts, actors: int | None = None, actor_cpus: float | None = None, ac
         per_call = batch_rows or BATCHES_PER_SLOTS * config.max_batch_size
         gpus = ray.cluster_resources().get("GPU", 0)
         cpus = ray.cluster_resources().get("CPU", 1)
+        # no GPU: half the CPUs to the actors; the reads, the checkpoint filter and the writes need the rest
         if actors is None:
-            actors = int(gpus) if gpus >= 1 else max(1, int(cpus) - 1)
+            actors = int(gpus) if gpus >= 1 else max(1, int(cpus) // 2)
         if actor_gpus is None:
             actor_gpus = 1 if gpus >= 1 else 0
         if actor_cpus is None:
-            actor_cpus = 1 if gpus >= 1 else max(0.25, (cpus - 1) / actors)  # a CPU left for reads and writes
+            actor_cpus = 1 if gpus >= 1 else 0.5
         from ray.data.checkpoint import CheckpointConfig
 
         ctx = ray.data.DataContext.get_current()
@@ -216,10 +217,11 @@ def run_ray(opts, actors: int | None = None, actor_cpus: float | None = None, ac
         ctx.checkpoint_config = CheckpointConfig(id_column="key", checkpoint_path=str((state / "checkpoint").resolve()),
                                                  delete_checkpoint_on_success=False)
         try:
-            ds = ray.data.read_datasource(_Rows(table, -(-len(table) // per_call)))
+            light = {"num_cpus": 0.1}  # reading and writing lines: the CPUs are the actors' and the filter's
+            ds = ray.data.read_datasource(_Rows(table, -(-len(table) // per_call)), num_cpus=light["num_cpus"])
             ds = ds.map_batches(OmniActor, fn_constructor_args=(pickle.dumps(replace(opts, ray=None)),),
                                 batch_size=per_call, concurrency=actors, num_cpus=actor_cpus, num_gpus=actor_gpus)
-            ds.write_json(str((state / "manifest").resolve()))
+            ds.write_json(str((state / "manifest").resolve()), ray_remote_args=light)
         finally:
             ctx.checkpoint_config = saved
         found = _earlier_lines(out)  # this run's parts, over the earlier lines

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO, read_manifest, run_cli, write_jsonl
+from tests.conftest import REPO, run_cli, write_jsonl
 
 ROWS = [{"id": f"r{i}", "text": f"row number {i} says" + " more" * (i % 4), "max_new_frames": 6 + (i * 5) % 17}
         for i in range(10)]
@@ -128,17 +128,3 @@ def test_a_sigkilled_worker_loses_no_row(oracle, tmp_path):
     assert ("1/2", 0, "died: SIGKILL") in ends and ("1/2", 1, "done") in ends
     rerun = next(w for w in run["workers"] if w["attempt"] == 1)
     assert rerun["totals"]["kept"] == 2  # the dead worker's finished rows were not redone
-
-
-def test_a_share_killed_twice_is_left_for_resume(oracle, tmp_path):
-    prompts, expected = oracle
-    out = tmp_path / "twice"
-    res = omni("generate", prompts, "-o", out, *FLAGS, "--devices", "cpu,cpu", env={"OMNI_TEST_WORKER_KILL": "1:0,1:1"})
-    assert res.returncode == 3, res.stderr
-    rows = read_manifest(out)
-    assert [r["id"] for r in rows] == [r["id"] for r in ROWS]  # every row recorded, in input order
-    left = [r for r in rows if r["status"] != "ok"]
-    assert left and all("rerun with --resume" in r["error"] for r in left)
-    res = run_cli("generate", prompts, "-o", out, *FLAGS, "--resume")
-    assert res.exit_code == 0, res.output
-    assert results(out) == expected

@@ -31,7 +31,7 @@ from ray.data.block import BlockMetadata
 
 from omni_cli.errors import OmniError
 from omni_cli.job_io import LocalIO, NoLock
-from omni_cli.output import OutputWriter, json_line
+from omni_cli.output import OutputWriter
 from omni_cli.progress import Progress
 
 STATE = ".ray"  # under OUT: Ray's manifest parts and checkpoint

@@ -394,7 +394,9 @@ def _supervise(opts, config, rows: list, sig: _ParentSignals, t0: float):
         code = EXIT_RUN_FAILED
     else:
         code = EXIT_ROWS_FAILED if ok < len(rows) else EXIT_OK
-    record = _run_record(opts, config, workers, progress, len(rows), ok, code, lost, errors, t0)
+    from omni_cli.run_record import devices_record
+
+    record = devices_record(opts, config, workers, progress, len(rows), ok, code, lost, errors, t0)
     from omni_cli.output import write_run_json
 
     write_run_json(opts.out, record)
@@ -428,37 +430,3 @@ def _ended(w: _Worker, progress, todo, free, lost, sig, shares, manifest) -> Non
         then = "left for --resume"
     progress.print_line(f"[red]omni: worker {w.spec.serial} on {device} (pid {w.proc.pid}) died ({how}) "
                         f"with {left} of its {len(shares[w.spec.share])} rows unfinished: {then}[/red]")
-
-
-def _run_record(opts, config, workers, progress, rows: int, ok: int, code: int, lost, errors, t0) -> dict:
-    from omni_cli.run_record import versions
-
-    elapsed, fps, asps = progress.rates()
-    runs = [w.end[1] for w in workers if w.end and w.end[0] == "done"]
-    per_worker = []
-    for w in workers:
-        code = w.proc.exitcode
-        end = w.end[0] if w.end else f"died: {signal.Signals(-code).name if code < 0 else f'exit status {code}'}"
-        run = w.end[1] if w.end and w.end[0] == "done" else {}
-        per_worker.append({"device": opts.devices[w.slot], "pid": w.proc.pid, "share": f"{w.spec.share}/{w.spec.count}",
-                           "attempt": w.spec.attempt, "end": end if end != "error" else f"error: {w.end[1]}",
-                           "rows": len(w.spec.rows), "kv_slots": run.get("kv_slots"), "totals": run.get("totals"),
-                           "timings": run.get("timings"), "async_decode": run.get("async_decode")})
-    hits = sum(f.hits for f in progress.figures)
-    misses = sum(f.misses for f in progress.figures)
-    return {
-        "versions": versions(), "config": config.as_dict(), "device": [w["device"] for w in per_worker],
-        "dtype": config.dtype, "kv_slots": [r.get("kv_slots") for r in runs],
-        "command": {k: (str(v) if isinstance(v, Path) else v) for k, v in opts.__dict__.items()},
-        "totals": {"rows": rows, "ok": ok, "failed": rows - ok, "interrupted": code in (130, 143),
-                   "frames": progress.frames, "audio_s": round(progress.audio_s, 3),
-                   # rows an earlier run finished (--resume): a rerun's kept rows are this run's
-                   "kept": sum(((w.end[1] or {}).get("totals") or {}).get("kept", 0) for w in workers
-                               if w.spec.attempt == 0 and w.end and w.end[0] == "done"),
-                   "exit_code": code, "run_error": "; ".join(list(lost.values()) + errors) or None},
-        "timings": {"wall_s": round(time.perf_counter() - t0, 3), "generate_s": round(elapsed, 3),
-                    "frames_per_s": round(fps, 2), "audio_s_per_s": round(asps, 3)},
-        "async_decode": {"enabled": config.async_decode, "query_hits": hits, "query_misses": misses},
-        "devices": progress.records(),  # per device, its workers together
-        "workers": per_worker,
-    }

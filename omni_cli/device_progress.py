@@ -64,6 +64,12 @@ class DeviceProgress(Progress):
             f.audio_s += audio_s
         self.row_done(audio_s, ok)
 
+    def kept(self) -> None:
+        """A row an earlier run finished (--resume): not this run's to do."""
+        with self._lock:
+            self.total -= 1
+            self._maybe_draw()
+
     def records(self) -> list[dict]:
         elapsed = max(time.perf_counter() - self.start, 1e-9)
         return [f.as_record(elapsed) for f in self.figures]

@@ -14,31 +14,28 @@ from __future__ import annotations
 import itertools
 import sys
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 
-from omni_cli import __version__
 from omni_cli.audio_stage import AudioStage
-from omni_cli.chunked import ChunkedRows, LongRow, check_chunk_flags, first_chunk
-from omni_cli.config import ModelConfig, load_config
-from omni_cli.errors import OmniError, RowError
+from omni_cli.chunked import ChunkedRows, LongRow, first_chunk
+from omni_cli.config import ModelConfig
+from omni_cli.errors import RowError
 from omni_cli.folder import row_hash, row_intact
 from omni_cli.job_io import LocalIO
+from omni_cli.job_settings import check_flags, load_spec, model_identity
 from omni_cli.longform import DEFAULT_CHUNK_BUFFER, DEFAULT_CHUNK_METHOD
 from omni_cli.loop import run_loop
-from omni_cli.output import check_format
 from omni_cli.prompts import PromptRow, read_prompts
 from omni_cli.results import RowResults, input_fields
 from omni_cli.run_record import async_summary, run_record
-from omni_cli.runners.device import DTYPES, pick_device
-from omni_cli.runners.family import LoadSpec, ModelFamily, PromptFieldError, family_class
-from omni_cli.runners.sampling.params import FIELD_NAMES, SamplingParams
+from omni_cli.runners.family import ModelFamily, PromptFieldError, family_class
+from omni_cli.runners.sampling.params import SamplingParams
 from omni_cli.runners.sampling.seeds import row_seed
 from omni_cli.scheduler import Request, Scheduler
 from omni_cli.shard import Shard
 from omni_cli.signals import SignalGuard, exit_code
 from omni_cli.validate import check_run
-from omni_cli.voice_bank import read_bank_file
 from omni_cli.voices import attach_references, check_references, prompt_base, too_long
 from omni_cli.warmup import warm_up_lm
 
@@ -97,11 +94,7 @@ def run_generate(opts: GenerateOptions, io: LocalIO | None = None) -> RunSummary
     """io: where rows come from and results go (omni_cli/job_io.py); a worker's or an actor's own."""
     io = io or LocalIO()
     t = {"start": time.perf_counter()}
-    check_format(opts.fmt)
-    if opts.max_failures is not None and opts.max_failures < 1:
-        raise OmniError(f"--max-failures must be >= 1, got {opts.max_failures}")
-    check_chunk_flags(opts.chunk_method, opts.chunk_buffer)
-    config, base_params = _settings(opts)
+    config, base_params = check_flags(opts)
     rows = read_prompts(opts.prompts) if io.rows is None else io.rows
     if opts.shard is not None:
         rows = opts.shard.select(rows)
@@ -123,13 +116,13 @@ def _run(opts: GenerateOptions, config: ModelConfig, base_params: SamplingParams
     check_run(rows, base_params, config, family.limits(config.checkpoint), opts.fmt)  # nothing loaded yet
     clips = check_references(rows, config.voices, prompt_base(opts.prompts))  # read and checked, not encoded
     t["family"] = time.perf_counter()
-    spec = _load_spec(config, opts)
+    spec = load_spec(config, opts)
     model = io.load(family, spec)
     t["loaded"] = time.perf_counter()
     references = attach_references(rows, model, clips)
     t["references"] = time.perf_counter()
 
-    identity = _model_identity(config, spec, opts)
+    identity = model_identity(config, spec, opts)
     earlier = io.earlier(opts.out) if opts.resume else {}
     io.clear_temporaries(opts.out)
     scheduler = Scheduler(model.num_slots, config.max_seq_len)  # the budget may grant fewer slots
@@ -233,50 +226,6 @@ def _record_unfinished(results: RowResults, queued: dict, interrupted: bool, fau
         elif not results.writer.has_row(row.row):  # finished, but its write never came (a bug in a thread)
             results.fail(row.row, rid, input_fields(row, system), error.replace("not finished", "not written"),
                          status=status)
-
-
-def _model_identity(config: ModelConfig, spec: LoadSpec, opts: GenerateOptions) -> dict:
-    """What, besides a row's own content, changes its bytes: the model (checkpoint, codec, dtype,
-    the device type, deterministic arithmetic, context), the version, --raw-logprobs and --format.
-    Not max_batch_size or async_decode: under --deterministic neither changes a byte, and without
-    it a rerun at the same settings need not match either. Not the config's sampling defaults:
-    each row's resolved sampling values are hashed instead."""
-    d = config.as_dict()
-    for k in ("path", "sampling", "max_batch_size", "async_decode", "device"):
-        d.pop(k, None)
-    return d | {"device": spec.device.type, "omni_cli": __version__, "raw_logprobs": opts.raw_logprobs,
-                "format": opts.fmt}
-
-
-def _settings(opts: GenerateOptions) -> tuple[ModelConfig, SamplingParams]:
-    """The model config with the flags applied, and the run's sampling defaults (the YAML's, then the flags)."""
-    config = load_config(opts.model)
-    if opts.voices is not None:
-        config = replace(config, voices={**config.voices, **read_bank_file(opts.voices)})
-    if opts.max_batch_size is not None:
-        if opts.max_batch_size < 1:
-            raise OmniError(f"--max-batch-size must be >= 1, got {opts.max_batch_size}")
-        config = replace(config, max_batch_size=opts.max_batch_size)
-    if opts.devices is not None and len(opts.devices) == 1:  # a worker's device, over the config's
-        config = replace(config, device=opts.devices[0])
-    if opts.deterministic is not None:
-        config = replace(config, deterministic=opts.deterministic)
-    if opts.async_decode is not None:
-        config = replace(config, async_decode=opts.async_decode)
-    params = config.sampling
-    for name in FIELD_NAMES:
-        try:
-            params = params.with_overrides(**{name: getattr(opts, name)})
-        except ValueError as e:
-            raise OmniError(f"--{name.replace('_', '-')}: {e}") from None
-    return config, params
-
-
-def _load_spec(config: ModelConfig, opts: GenerateOptions) -> LoadSpec:
-    return LoadSpec(source=str(config.path), checkpoint=config.checkpoint, codec=config.codec,
-                    dtype=DTYPES[config.dtype], device=pick_device(config.device),
-                    max_batch_size=config.max_batch_size, max_seq_len=config.max_seq_len,
-                    deterministic=config.deterministic, raw_logprobs=opts.raw_logprobs)
 
 
 def _queue(rows: list[PromptRow], model: ModelFamily, config: ModelConfig, base_params: SamplingParams,

@@ -199,6 +199,11 @@ class OutputWriter:
         with self._lock:
             return row in self._lines
 
+    def lines(self) -> dict[int, str]:
+        """Input row number -> its manifest line, so far."""
+        with self._lock:
+            return dict(self._lines)
+
     def close(self) -> None:
         """Rewrite the manifest in input order."""
         with self._lock:

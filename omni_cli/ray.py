@@ -113,11 +113,11 @@ class OmniActor:
     """One per GPU (or CPU share): the engine loaded once; each call runs a batch of rows."""
 
     def __init__(self, opts_blob: bytes):
-        from omni_cli.generate import _load_spec, _settings
+        from omni_cli.job_settings import load_spec, settings
         from omni_cli.runners.family import family_class
 
         self.opts = pickle.loads(opts_blob)
-        config, _ = _settings(self.opts)
+        config, _ = settings(self.opts)
         if config.device in ("cpu", "auto"):
             import os
 
@@ -126,7 +126,7 @@ class OmniActor:
             # Ray sets OMP_NUM_THREADS to the actor's CPUs; the CPU codec's rounding follows the thread
             # count (measured: other wav bytes at 1 thread than at 2), so take a plain process's count
             torch.set_num_threads(len(os.sched_getaffinity(0)))
-        self.model = family_class(config.family, config.path).load(_load_spec(config, self.opts))
+        self.model = family_class(config.family, config.path).load(load_spec(config, self.opts))
 
     def __call__(self, batch: dict) -> dict:
         from omni_cli.generate import run_generate
@@ -177,12 +177,12 @@ def run_ray(opts, actors: int | None = None, actor_cpus: float | None = None, ac
     from omni_cli.generate import EXIT_OK, EXIT_ROWS_FAILED, RunSummary
     from omni_cli.output import write_run_json
     from omni_cli.run_record import versions
-    from omni_cli.workers import check_job
+    from omni_cli.job_settings import check_job
 
     t0 = time.perf_counter()
     if opts.shard is not None or opts.devices is not None:
         raise OmniError("--ray excludes --shard and --devices: Ray places the rows")
-    config, _, rows = check_job(opts)
+    config, rows = check_job(opts)
     out = Path(opts.out)
     lock = prepare_out_dir(out, opts.overwrite, opts.resume)
     try:

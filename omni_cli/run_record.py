@@ -76,37 +76,35 @@ def async_summary(enabled: bool, runner, stats) -> str:
     return f"omni: async decode on: query hit rate {rate} ({hits} hits, {misses} misses), {routed} steps routed to sync"
 
 
-def devices_record(opts, config, workers, progress, rows: int, ok: int, code: int, lost, errors, t0) -> dict:
+def devices_record(opts, config, workers, progress, rows: int, ok: int, code: int, errors: list[str],
+                   t0: float) -> dict:
     """--devices' run.json (omni_cli/workers.py): the parent's totals, per device and per worker process."""
     import signal
     import time
 
     elapsed, fps, asps = progress.rates()
-    runs = [w.end[1] for w in workers if w.end and w.end[0] == "done"]
     per_worker = []
     for w in workers:
         status = w.proc.exitcode
         end = w.end[0] if w.end else f"died: {signal.Signals(-status).name if status < 0 else f'exit status {status}'}"
-        run = w.end[1] if w.end and w.end[0] == "done" else {}
+        run = w.end[1] if w.ended("done") else {}  # {}: a worker stopped before any row ran
         per_worker.append({"device": opts.devices[w.slot], "pid": w.proc.pid, "share": f"{w.spec.share}/{w.spec.count}",
                            "attempt": w.spec.attempt, "end": end if end != "error" else f"error: {w.end[1]}",
                            "rows": len(w.spec.rows), "kv_slots": run.get("kv_slots"), "totals": run.get("totals"),
                            "timings": run.get("timings"), "async_decode": run.get("async_decode")})
-    hits = sum(f.hits for f in progress.figures)
-    misses = sum(f.misses for f in progress.figures)
     return {
-        "versions": versions(), "config": config.as_dict(), "device": [w["device"] for w in per_worker],
-        "dtype": config.dtype, "kv_slots": [r.get("kv_slots") for r in runs],
+        "versions": versions(), "config": config.as_dict(), "device": list(opts.devices),
+        "dtype": config.dtype, "kv_slots": [w["kv_slots"] for w in per_worker if w["kv_slots"] is not None],
         "command": {k: (str(v) if isinstance(v, Path) else v) for k, v in opts.__dict__.items()},
         "totals": {"rows": rows, "ok": ok, "failed": rows - ok, "interrupted": code in (130, 143),
                    "frames": progress.frames, "audio_s": round(progress.audio_s, 3),
                    # rows an earlier run finished (--resume): a rerun's kept rows are this run's
-                   "kept": sum(((w.end[1] or {}).get("totals") or {}).get("kept", 0) for w in workers
-                               if w.spec.attempt == 0 and w.end and w.end[0] == "done"),
-                   "exit_code": code, "run_error": "; ".join(list(lost.values()) + errors) or None},
+                   "kept": sum((w["totals"] or {}).get("kept", 0) for w in per_worker if w["attempt"] == 0),
+                   "exit_code": code, "run_error": "; ".join(errors) or None},
         "timings": {"wall_s": round(time.perf_counter() - t0, 3), "generate_s": round(elapsed, 3),
                     "frames_per_s": round(fps, 2), "audio_s_per_s": round(asps, 3)},
-        "async_decode": {"enabled": config.async_decode, "query_hits": hits, "query_misses": misses},
+        "async_decode": {"enabled": config.async_decode, "query_hits": sum(f.hits for f in progress.figures),
+                         "query_misses": sum(f.misses for f in progress.figures)},
         "devices": progress.records(),  # per device, its workers together
         "workers": per_worker,
     }

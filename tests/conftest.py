@@ -66,6 +66,30 @@ def write_jsonl(path: Path, rows: list[dict]) -> Path:
     return path
 
 
+# one prompt file that several modules run (test_resume, test_devices, test_ray): rows of several lengths
+JOB_ROWS = [{"id": f"r{i}", "text": f"row number {i} says" + " more" * (i % 4), "max_new_frames": 6 + (i * 5) % 17}
+            for i in range(12)]
+JOB_FLAGS = ("--deterministic", "--seed", "3", "--max-batch-size", "4", "-q")
+
+
+@pytest.fixture(scope="session")
+def job_oracle(tmp_path_factory):
+    """JOB_ROWS run by one process under JOB_FLAGS: (the prompt file, digests of its results)."""
+    tmp = tmp_path_factory.mktemp("job")
+    prompts = write_jsonl(tmp / "p.jsonl", JOB_ROWS)
+    res = run_cli("generate", prompts, "-o", tmp / "out", *JOB_FLAGS)
+    assert res.exit_code == 0, res.output
+    return prompts, digests(tmp / "out")
+
+
+def digests(out: Path) -> dict[str, str]:
+    """sha256 of the manifest and every audio and npz file (not run.json: timings; not the lock)."""
+    import hashlib
+
+    files = [out / "metadata.jsonl", *sorted((out / "audio").iterdir()), *sorted((out / "logprobs").iterdir())]
+    return {str(p.relative_to(out)): hashlib.sha256(p.read_bytes()).hexdigest() for p in files}
+
+
 def read_manifest(out: Path) -> list[dict]:
     import json
 
@@ -76,10 +100,11 @@ def read_manifest(out: Path) -> list[dict]:
 def load_family(config, dtype=None, device=None, raw_logprobs: bool = False):
     """The config's model family, loaded as omni generate loads it (dtype and device from the
     config unless given)."""
-    from omni_cli.generate import GenerateOptions, _load_spec
+    from omni_cli.generate import GenerateOptions
+    from omni_cli.job_settings import load_spec
     from omni_cli.runners.device import DTYPES, pick_device
     from omni_cli.runners.family import family_class
 
-    spec = _load_spec(config, GenerateOptions(prompts="-", out=Path("."), raw_logprobs=raw_logprobs))
+    spec = load_spec(config, GenerateOptions(prompts="-", out=Path("."), raw_logprobs=raw_logprobs))
     spec = replace(spec, dtype=dtype or DTYPES[config.dtype], device=device or pick_device(config.device))
     return family_class(config.family).load(spec)

@@ -12,8 +12,12 @@ OMNI_TEST_KILL:
 
 OMNI_TEST_WORKER_KILL=SHARE:ATTEMPTS:N (--devices, tests/test_devices.py): a worker process of
 share SHARE, on an attempt listed in ATTEMPTS (0: the first run, 1: its rerun; e.g. 0 or 0,1),
-SIGKILLs itself after its N-th row's files and manifest line were written. Worker processes import
-this module as __mp_main__ (multiprocessing's spawn), which installs the hook there.
+SIGKILLs itself after its N-th row's files and manifest line were written.
+OMNI_TEST_WORKER_TERM=SHARE:OUT: share SHARE's worker, as it starts loading the model, waits for
+the first line in OUT/metadata.jsonl (another worker's row), sends its parent SIGTERM, and waits
+there for the signal the parent passes on.
+Worker processes import this module as __mp_main__ (multiprocessing's spawn), which installs the
+hooks there.
 """
 
 from __future__ import annotations
@@ -90,8 +94,31 @@ def _install_worker_kill(spec: str) -> None:
     results.RowResults._write = counting_write
 
 
+def _install_worker_term(spec: str) -> None:
+    import time
+    from pathlib import Path
+
+    from omni_cli import job_io
+
+    share, _, out = spec.partition(":")
+    load = job_io.LocalIO.load
+
+    def signalling_load(self, *a, **k):
+        if os.environ.get("OMNI_WORKER", "").split("/")[0] == share:  # set by the worker: SHARE/COUNT:ATTEMPT
+            manifest, deadline = Path(out) / "metadata.jsonl", time.monotonic() + 60
+            while b"\n" not in manifest.read_bytes() and time.monotonic() < deadline:
+                time.sleep(0.05)
+            os.kill(os.getppid(), signal.SIGTERM)
+            time.sleep(60)  # the parent's SIGUSR1 ends this
+        return load(self, *a, **k)
+
+    job_io.LocalIO.load = signalling_load
+
+
 if __name__ == "__mp_main__" and os.environ.get("OMNI_TEST_WORKER_KILL"):
     _install_worker_kill(os.environ["OMNI_TEST_WORKER_KILL"])
+if __name__ == "__mp_main__" and os.environ.get("OMNI_TEST_WORKER_TERM"):
+    _install_worker_term(os.environ["OMNI_TEST_WORKER_TERM"])
 
 if __name__ == "__main__":
     if os.environ.get("OMNI_TEST_KILL"):

@@ -6,7 +6,6 @@ exact row), and no row is lost."""
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import subprocess
@@ -15,26 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO, run_cli, write_jsonl
+from tests.conftest import JOB_FLAGS, JOB_ROWS, REPO, digests, read_manifest, run_cli, write_jsonl
 
-ROWS = [{"id": f"r{i}", "text": f"row number {i} says" + " more" * (i % 4), "max_new_frames": 6 + (i * 5) % 17}
-        for i in range(10)]
-FLAGS = ("--deterministic", "--seed", "3", "--max-batch-size", "4", "-q")
-
-
-def results(out: Path) -> dict[str, str]:
-    """sha256 of the manifest and every audio and npz file (not run.json, the lock, temporaries)."""
-    files = [out / "metadata.jsonl", *sorted((out / "audio").iterdir()), *sorted((out / "logprobs").iterdir())]
-    return {str(p.relative_to(out)): hashlib.sha256(p.read_bytes()).hexdigest() for p in files}
-
-
-@pytest.fixture(scope="module")
-def oracle(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("devices")
-    prompts = write_jsonl(tmp / "p.jsonl", ROWS)
-    res = run_cli("generate", prompts, "-o", tmp / "one", *FLAGS)
-    assert res.exit_code == 0, res.output
-    return prompts, results(tmp / "one")
+ROWS, FLAGS = JOB_ROWS, JOB_FLAGS
 
 
 @pytest.mark.parametrize("args, names", [
@@ -64,13 +46,17 @@ def test_cuda_devices_that_are_not_there_exit_2(tmp_path):
 
 def test_worker_device_is_its_own_gpu(monkeypatch):
     """--devices 2,3 under CUDA_VISIBLE_DEVICES=4,5,6,7: worker 1 sees physical GPU 7 alone, as cuda:0."""
-    from omni_cli import workers
+    import signal
+
+    from omni_cli import worker_process
+    from omni_cli.errors import OmniError
+    from omni_cli.generate import GenerateOptions
 
     seen = {}
 
     def fake_run(opts, io):
         seen.update(visible=os.environ["CUDA_VISIBLE_DEVICES"], devices=opts.devices)
-        raise workers.OmniError("stop here")
+        raise OmniError("stop here")
 
     class Conn:
         def send(self, msg):
@@ -80,16 +66,14 @@ def test_worker_device_is_its_own_gpu(monkeypatch):
             pass
 
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "4,5,6,7")
+    monkeypatch.setenv("OMNI_WORKER", "")  # the worker sets it: restored after
     monkeypatch.setattr("omni_cli.generate.run_generate", fake_run)
-    monkeypatch.setattr(workers, "_watch_parent", lambda pid: None)
-    from omni_cli.generate import GenerateOptions
-
-    spec = workers.WorkerSpec(1, 1, 2, 0, "cuda:3", GenerateOptions(prompts="p", out=Path("o")), [], os.getpid())
-    import signal
-
+    monkeypatch.setattr(worker_process, "_watch_parent", lambda pid: None)
+    spec = worker_process.WorkerSpec(1, 1, 2, 0, "cuda:3", GenerateOptions(prompts="p", out=Path("o")), [],
+                                     os.getpid())
     old = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
-        workers.worker_main(Conn(), spec)
+        worker_process.worker_main(Conn(), spec)
     finally:
         for s, h in old.items():
             signal.signal(s, h)
@@ -97,12 +81,12 @@ def test_worker_device_is_its_own_gpu(monkeypatch):
     assert seen["msg"] == ("error", "stop here", 2)
 
 
-def test_two_cpu_workers_write_what_one_process_writes(oracle, tmp_path):
-    prompts, expected = oracle
+def test_two_cpu_workers_write_what_one_process_writes(job_oracle, tmp_path):
+    prompts, expected = job_oracle
     out = tmp_path / "two"
     res = run_cli("generate", prompts, "-o", out, *FLAGS, "--devices", "cpu,cpu")
     assert res.exit_code == 0, res.output
-    assert results(out) == expected
+    assert digests(out) == expected
     run = json.loads((out / "run.json").read_text())
     assert [w["share"] for w in run["workers"]] == ["0/2", "1/2"] and run["device"] == ["cpu", "cpu"]
     assert sum(d["rows"] for d in run["devices"]) == len(ROWS) and run["totals"]["ok"] == len(ROWS)
@@ -114,17 +98,58 @@ def omni(*args, env: dict) -> subprocess.CompletedProcess:
                           text=True, timeout=180, env={**os.environ, "TOKENIZERS_PARALLELISM": "false", **env})
 
 
-def test_a_sigkilled_worker_loses_no_row(oracle, tmp_path):
+def test_a_sigkilled_worker_loses_no_row(job_oracle, tmp_path):
     """Share 1's worker is SIGKILLed after its 2nd row: its share reruns on the survivor's device,
-    keeping the 2 rows; the folder ends as one process writes it."""
-    prompts, expected = oracle
+    keeping the 2 rows; the folder ends as one process writes it, and --jsonl-stdout printed each
+    row's line once."""
+    prompts, expected = job_oracle
     out = tmp_path / "killed"
-    res = omni("generate", prompts, "-o", out, *FLAGS, "--devices", "cpu,cpu", env={"OMNI_TEST_WORKER_KILL": "1:0:2"})
+    res = omni("generate", prompts, "-o", out, *FLAGS, "--devices", "cpu,cpu", "--jsonl-stdout",
+               env={"OMNI_TEST_WORKER_KILL": "1:0:2"})
     assert res.returncode == 0, res.stderr
     assert "died (killed by SIGKILL)" in res.stderr and "rerunning them" in res.stderr
-    assert results(out) == expected
+    assert digests(out) == expected
+    manifest = (out / "metadata.jsonl").read_text(encoding="utf-8")
+    assert sorted(res.stdout.splitlines()) == sorted(manifest.splitlines())
     run = json.loads((out / "run.json").read_text())
     ends = [(w["share"], w["attempt"], w["end"]) for w in run["workers"]]
     assert ("1/2", 0, "died: SIGKILL") in ends and ("1/2", 1, "done") in ends
     rerun = next(w for w in run["workers"] if w["attempt"] == 1)
     assert rerun["totals"]["kept"] == 2  # the dead worker's finished rows were not redone
+
+
+def test_a_share_killed_twice_is_left_for_resume(job_oracle, tmp_path):
+    """Share 1's worker and its rerun are both SIGKILLed: its unfinished rows are recorded failed
+    (exit 3), every row in input order; --resume then completes the folder as one process writes it."""
+    prompts, expected = job_oracle
+    out = tmp_path / "twice"
+    res = omni("generate", prompts, "-o", out, *FLAGS, "--devices", "cpu,cpu", env={"OMNI_TEST_WORKER_KILL": "1:0,1:1"})
+    assert res.returncode == 3, res.stderr
+    assert "left for --resume" in res.stderr
+    rows = read_manifest(out)
+    assert [r["id"] for r in rows] == [r["id"] for r in ROWS]  # every row recorded, in input order
+    left = [r for r in rows if r["status"] != "ok"]
+    assert left and all("rerun with --resume" in r["error"] for r in left)
+    res = run_cli("generate", prompts, "-o", out, *FLAGS, "--resume")
+    assert res.exit_code == 0, res.output
+    assert digests(out) == expected
+
+
+def test_sigterm_while_a_worker_loads(job_oracle, tmp_path):
+    """SIGTERM reaches the parent once share 0 wrote a row, while share 1's worker still loads: the
+    workers stop, every row is recorded ok or interrupted, run.json says so (exit 143); --resume
+    then completes the folder."""
+    prompts, expected = job_oracle
+    out = tmp_path / "term"
+    res = omni("generate", prompts, "-o", out, *FLAGS, "--devices", "cpu,cpu", env={"OMNI_TEST_WORKER_TERM": f"1:{out}"})
+    assert res.returncode == 143, res.stderr
+    assert "Traceback" not in res.stderr
+    rows = read_manifest(out)
+    assert [r["id"] for r in rows] == [r["id"] for r in ROWS]
+    statuses = [r["status"] for r in rows]
+    assert set(statuses) == {"ok", "interrupted"}, statuses
+    run = json.loads((out / "run.json").read_text())
+    assert run["totals"]["interrupted"] and run["totals"]["exit_code"] == 143
+    res = run_cli("generate", prompts, "-o", out, *FLAGS, "--resume")
+    assert res.exit_code == 0, res.output
+    assert digests(out) == expected

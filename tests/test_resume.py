@@ -14,11 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO, read_manifest, run_cli, write_jsonl
+from tests.conftest import JOB_FLAGS, JOB_ROWS, REPO, digests, read_manifest, run_cli, write_jsonl
 
-ROWS = [{"id": f"r{i}", "text": f"row number {i} says" + " more" * (i % 4), "max_new_frames": 6 + (i * 5) % 17}
-        for i in range(12)]
-FLAGS = ("--deterministic", "--seed", "3", "--max-batch-size", "4", "-q")
+ROWS, FLAGS = JOB_ROWS, JOB_FLAGS
 
 
 def omni(*args, kill: str | None = None) -> subprocess.CompletedProcess:
@@ -27,23 +25,13 @@ def omni(*args, kill: str | None = None) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, timeout=120)
 
 
-def digests(out: Path) -> dict[str, str]:
-    """sha256 of every file of the run's results (run.json holds timings; the lock file is empty)."""
-    files = [out / "metadata.jsonl", *sorted((out / "audio").iterdir()), *sorted((out / "logprobs").iterdir())]
-    return {str(p.relative_to(out)): hashlib.sha256(p.read_bytes()).hexdigest() for p in files}
-
-
 def leftovers(out: Path) -> list[Path]:
     return [p for p in out.rglob("*") if p.name.endswith(".tmp") or ".partial" in p.name]
 
 
 @pytest.fixture(scope="module")
-def reference(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("ref")
-    prompts = write_jsonl(tmp / "p.jsonl", ROWS)
-    res = omni("generate", prompts, "-o", tmp / "out", *FLAGS)
-    assert res.returncode == 0, res.stderr
-    return prompts, digests(tmp / "out")
+def reference(job_oracle):
+    return job_oracle
 
 
 def check_resumed(out: Path, prompts: Path, expected: dict[str, str], resume: bool = True) -> None:

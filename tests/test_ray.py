@@ -1,13 +1,12 @@
 """--ray / omni_cli.ray.run_ray on a local Ray (ray.init(num_cpus=2), one session for the module).
 The oracle is a one-process `omni generate --deterministic` of the same prompt file: audio, npz and
-metadata.jsonl equal byte for byte. A job SIGKILLed midway (the driver and the Ray cluster it
-started, as a process group) and started again with --resume writes each row once: every id once in
-the manifest, and the rows Ray had committed before the kill are not generated again (their files
-are the same inodes, untouched)."""
+metadata.jsonl equal byte for byte. A job SIGKILLed midway (its driver, joined to this module's
+cluster) and started again with --resume writes each row once: every id once in the manifest, and
+the rows Ray had committed before the kill are not generated again (their files are the same
+inodes, untouched)."""
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import signal
@@ -18,19 +17,16 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO, read_manifest, run_cli, write_jsonl
+from tests.conftest import JOB_ROWS, REPO, digests, read_manifest, run_cli, write_jsonl
 
 ray = pytest.importorskip("ray")
 
-ROWS = [{"id": f"r{i}", "text": f"row number {i} says" + " more" * (i % 4), "max_new_frames": 6 + (i * 5) % 17}
-        for i in range(12)]
-ROWS.insert(4, {"id": "bad", "text": ""})  # fails validation: a failed row in every manifest
+ROWS = [*JOB_ROWS[:4], {"id": "bad", "text": ""}, *JOB_ROWS[4:]]  # row 5 fails validation, in every manifest
 FLAGS = ("--deterministic", "--seed", "3", "--max-batch-size", "1", "-q")  # 4 rows an actor call
 
 
-def results(out: Path) -> dict[str, str]:
-    files = [out / "metadata.jsonl", *sorted((out / "audio").iterdir()), *sorted((out / "logprobs").iterdir())]
-    return {str(p.relative_to(out)): hashlib.sha256(p.read_bytes()).hexdigest() for p in files}
+def inodes(out: Path) -> dict[str, int]:
+    return {p.name: p.stat().st_ino for p in (out / "audio").iterdir()}
 
 
 @pytest.fixture(scope="module")
@@ -40,7 +36,7 @@ def session(tmp_path_factory):
     res = run_cli("generate", prompts, "-o", tmp / "one", *FLAGS)
     assert res.exit_code == 1, res.output  # the bad row
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-    yield prompts, results(tmp / "one")
+    yield prompts, digests(tmp / "one")
     ray.shutdown()
 
 
@@ -49,7 +45,8 @@ def test_cli_writes_what_one_process_writes(session, tmp_path):
     out = tmp_path / "cli"
     res = run_cli("generate", prompts, "-o", out, *FLAGS, "--ray", "local")  # joins this module's session
     assert res.exit_code == 1, res.output  # the bad row, as one process
-    assert results(out) == expected
+    assert "row 5, field 'text'" in res.output  # its error, named, as one process prints it
+    assert digests(out) == expected
     run = json.loads((out / "run.json").read_text())
     assert run["ray"]["actors"] == 1 and run["totals"]["ok"] == len(ROWS) - 1
 
@@ -64,15 +61,16 @@ def committed_ids(out: Path) -> set[str]:
 
 
 def test_killed_job_started_again_writes_each_row_once(session, tmp_path):
-    """`omni generate --ray local` (a cluster of its own) SIGKILLed with its cluster once Ray has
-    committed a batch; then the Python API, under this module's ray.init(num_cpus=2), with 2 actors."""
+    """`omni generate --ray ADDRESS` SIGKILLed once Ray has committed a batch, then started again
+    through the Python API with 2 actors. One committed row's file is replaced in between, behind
+    the checkpoint's back: that row alone runs again."""
     from omni_cli.generate import GenerateOptions
     from omni_cli.ray import run_ray
 
     prompts, expected = session
     out = tmp_path / "job"
     cmd = [sys.executable, "-m", "omni_cli", "generate", str(prompts), "-o", str(out), *FLAGS, "--resume",
-           "--ray", "local"]
+           "--ray", ray.get_runtime_context().gcs_address]
     proc = subprocess.Popen(cmd, cwd=REPO, start_new_session=True, stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL, env={**os.environ, "TOKENIZERS_PARALLELISM": "false"})
     deadline = time.monotonic() + 120
@@ -83,15 +81,41 @@ def test_killed_job_started_again_writes_each_row_once(session, tmp_path):
         except (OSError, ValueError):  # a part being written
             pass
         time.sleep(0.05)
-    os.killpg(proc.pid, signal.SIGKILL)  # the driver and the local cluster it started
+    os.killpg(proc.pid, signal.SIGKILL)  # the driver: Ray ends its job's actors and tasks
     proc.wait()
-    done = committed_ids(out)
-    assert done and len(done) < len(ROWS)  # midway: some rows committed, not all
-    before = {rid: os.stat(out / "audio" / f"{rid}.wav").st_ino for rid in done if rid != "bad"}
+    done = sorted(committed_ids(out))
+    assert len(done) > 1 and len(done) < len(ROWS) - 1  # midway: some rows committed, not all
+    victim, kept = done[0], {f"{rid}.wav": inodes(out)[f"{rid}.wav"] for rid in done[1:]}
+    (out / "audio" / f"{victim}.wav").write_bytes(b"not the row's audio")
     opts = GenerateOptions(prompts=str(prompts), out=out, seed=3, max_batch_size=1, deterministic=True,
                            quiet=True, resume=True, ray="local")
     summary = run_ray(opts, actors=2, actor_cpus=0.4)  # 2 CPUs: the checkpoint filter takes one
     assert summary.exit_code == 1 and summary.ok == len(ROWS) - 1
-    assert results(out) == expected
+    assert digests(out) == expected  # the victim's file regenerated
     assert [r["id"] for r in read_manifest(out)] == [r.get("id", str(i + 1)) for i, r in enumerate(ROWS)]
-    assert {rid: os.stat(out / "audio" / f"{rid}.wav").st_ino for rid in before} == before  # not redone
+    assert {f: inodes(out)[f] for f in kept} == kept  # the other committed rows not redone
+
+
+@pytest.mark.parametrize("stop, code, status", [("fault", 3, "failed"), ("sigterm", 143, "interrupted")])
+def test_a_failed_or_stopped_ray_job_records_every_row(session, tmp_path, monkeypatch, stop, code, status):
+    """The pipeline raises (Ray gave up) or SIGTERM lands in it: every row is in the manifest, in input
+    order, the bad one with its own error, the rest failed for --resume or interrupted; run.json written."""
+    from omni_cli import ray as omni_ray
+    from omni_cli.signals import Interrupted
+
+    def pipeline(self, rows, earlier, checkpoint):
+        raise RuntimeError("Ray gave up") if stop == "fault" else Interrupted(signal.SIGTERM)
+
+    monkeypatch.setattr(omni_ray._Job, "_pipeline", pipeline)
+    prompts, _ = session
+    out = tmp_path / "out"
+    res = run_cli("generate", prompts, "-o", out, *FLAGS, "--ray", "local")
+    assert res.exit_code == code, res.output
+    rows = read_manifest(out)
+    assert [r["id"] for r in rows] == [r.get("id", str(i + 1)) for i, r in enumerate(ROWS)]
+    assert rows[4]["status"] == "failed" and rows[4]["error"].startswith("row 5, field 'text'")
+    assert all(r["status"] == status for r in rows[:4] + rows[5:])
+    if stop == "fault":
+        assert all("Ray gave up" in r["error"] and "rerun with --resume" in r["error"] for r in rows[:4] + rows[5:])
+        assert "row 1 (id r0): not finished" in res.output  # each error printed names its row
+    assert json.loads((out / "run.json").read_text())["totals"]["exit_code"] == code

@@ -1,0 +1,117 @@
+"""The Ray side of `omni generate --ray` (omni_cli/ray.py is the driver): the rows as a Ray Data
+Datasource, and the actor that holds a loaded engine and runs each batch as the one-process job."""
+
+from __future__ import annotations
+
+import json
+import pickle
+from dataclasses import replace
+from pathlib import Path
+
+from ray.data import Datasource, ReadTask
+from ray.data.block import BlockMetadata
+
+from omni_cli.job_io import LocalIO, NoLock
+from omni_cli.output import OutputWriter
+from omni_cli.progress import Progress
+
+COLUMNS = ("key", "row", "payload", "earlier")  # checkpoint id, input row, pickled PromptRow, its earlier line
+
+
+class RowSource(Datasource):
+    """The checked rows as blocks of COLUMNS; a Read, so Ray Data's checkpoint filters it."""
+
+    def __init__(self, table: list[dict], blocks: int):
+        self._table, self._blocks = table, max(1, blocks)
+
+    def estimate_inmemory_data_size(self):
+        return None
+
+    def get_read_tasks(self, parallelism: int, **kwargs) -> list:
+        import pyarrow as pa
+
+        size = max(1, -(-len(self._table) // self._blocks))
+        tasks = []
+        for part in (self._table[i:i + size] for i in range(0, len(self._table), size)):
+            cols = {k: [r[k] for r in part] for k in COLUMNS}
+            meta = BlockMetadata(num_rows=len(part), size_bytes=None, input_files=None, exec_stats=None)
+            tasks.append(ReadTask(lambda cols=cols: [pa.table(cols)], meta))
+        return tasks
+
+
+class _CollectWriter(OutputWriter):
+    """Files into the shared folder; the manifest lines stay here, for the batch's output."""
+
+    def _open_manifest(self) -> int:
+        return -1
+
+    def _emit(self, row: int, line: str) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+class _ActorIO(LocalIO):
+    """A batch's rows, the loaded model and the batch's earlier lines; no lock, no handlers."""
+
+    def __init__(self, rows: list, earlier: dict, model):
+        self.rows, self._earlier, self._model, self.writer_ = rows, earlier, model, None
+
+    def guard(self):
+        from omni_cli.signals import SignalGuard
+
+        return SignalGuard(())  # Ray stops actors; no handler of ours
+
+    def lock(self, opts):
+        return NoLock()
+
+    def load(self, family, spec):
+        return self._model
+
+    def earlier(self, out: Path) -> dict:
+        return self._earlier
+
+    def clear_temporaries(self, out: Path) -> None:
+        pass  # other actors write theirs meanwhile
+
+    def writer(self, out, fmt, sample_rate, kept, on_row):
+        self.writer_ = _CollectWriter(out, fmt, sample_rate, kept)
+        return self.writer_
+
+    def progress(self, total: int, quiet: bool):
+        return Progress(total, quiet=True)
+
+    def record(self, out, record: dict) -> None:
+        pass
+
+
+class OmniActor:
+    """One per GPU (or CPU share): the engine loaded once; each call runs a batch of rows."""
+
+    def __init__(self, opts_blob: bytes):
+        from omni_cli.job_settings import load_spec, settings
+        from omni_cli.runners.family import family_class
+
+        self.opts = pickle.loads(opts_blob)
+        config, _ = settings(self.opts)
+        if config.device in ("cpu", "auto"):
+            import os
+
+            import torch
+
+            # Ray sets OMP_NUM_THREADS to the actor's CPUs; the CPU codec's bytes follow the thread count
+            torch.set_num_threads(len(os.sched_getaffinity(0)))
+        self.model = family_class(config.family, config.path).load(load_spec(config, self.opts))
+
+    def __call__(self, batch: dict) -> dict:
+        from omni_cli.generate import run_generate
+
+        rows = [pickle.loads(p) for p in batch["payload"]]
+        earlier = {r.id: json.loads(line) for r, line in zip(rows, batch["earlier"]) if line}
+        io = _ActorIO(rows, earlier, self.model)
+        # --resume's rules against the batch's earlier lines: a row whose files are intact is kept
+        run_generate(replace(self.opts, resume=True, overwrite=False, quiet=True, jsonl_stdout=False), io)
+        lines = io.writer_.lines() if io.writer_ is not None else {}
+        return {"key": list(batch["key"]), "row": list(batch["row"]),
+                "line": [lines.get(int(r), "") for r in batch["row"]]}

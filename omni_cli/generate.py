@@ -103,10 +103,15 @@ def run_generate(opts: GenerateOptions, io: LocalIO | None = None) -> RunSummary
         try:
             return _run(opts, config, base_params, rows, t, guard, io)
         except KeyboardInterrupt as e:  # before any row ran (the load): nothing to record
-            print("omni: interrupted before any row ran", file=sys.stderr, flush=True)
-            return RunSummary(total=len(rows), ok=0, failed=0, interrupted=True, exit_code=exit_code(e))
+            return nothing_ran(len(rows), exit_code(e))
         finally:
             lock.release()
+
+
+def nothing_ran(total: int, code: int) -> RunSummary:
+    """A signal came before any row ran: nothing recorded, exit 130/143."""
+    print("omni: interrupted before any row ran", file=sys.stderr, flush=True)
+    return RunSummary(total=total, ok=0, failed=0, interrupted=True, exit_code=code)
 
 
 def _run(opts: GenerateOptions, config: ModelConfig, base_params: SamplingParams, rows: list[PromptRow],

@@ -63,10 +63,9 @@ def run_ray(opts, actors: int | None = None, actor_cpus: float | None = None, ac
             job.run(actors, actor_cpus, actor_gpus)
             return job.finish(t0)
         except KeyboardInterrupt as e:  # before the job started: nothing to record
-            from omni_cli.generate import RunSummary
+            from omni_cli.generate import nothing_ran
 
-            print("omni: interrupted before any row ran", file=sys.stderr, flush=True)
-            return RunSummary(total=len(rows), ok=0, failed=0, interrupted=True, exit_code=exit_code(e))
+            return nothing_ran(len(rows), exit_code(e))
         finally:
             lock.release()
 

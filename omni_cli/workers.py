@@ -172,7 +172,7 @@ class _Supervisor:
 
     def run(self, sig: _ParentSignals, t0: float):
         from omni_cli.device_progress import DeviceProgress
-        from omni_cli.generate import RunSummary, _stdout_line
+        from omni_cli.generate import _stdout_line, nothing_ran
 
         self.sig = sig
         path = self.opts.out / "metadata.jsonl"
@@ -186,8 +186,7 @@ class _Supervisor:
                 raise OmniError(next(w.end[1] for w in self.workers))
             if sig.signum is not None and not self.counted:  # as one process: nothing to record
                 self.manifest.discard(remove=created)
-                self.progress.print_line("omni: interrupted before any row ran")
-                return RunSummary(total=len(self.rows), ok=0, failed=0, interrupted=True, exit_code=128 + sig.signum)
+                return nothing_ran(len(self.rows), 128 + sig.signum)
             self._record_unfinished()
             if sig.signum is not None:
                 self.progress.note = "interrupted"

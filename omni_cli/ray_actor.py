@@ -95,13 +95,10 @@ class OmniActor:
 
         self.opts = pickle.loads(opts_blob)
         config, _ = settings(self.opts)
-        if config.device in ("cpu", "auto"):
-            import os
+        if config.device in ("cpu", "auto"):  # as one process: Ray set the actor's threads to its CPU share
+            from omni_cli.runners.device import use_all_cpu_threads
 
-            import torch
-
-            # Ray sets OMP_NUM_THREADS to the actor's CPUs; the CPU codec's bytes follow the thread count
-            torch.set_num_threads(len(os.sched_getaffinity(0)))
+            use_all_cpu_threads()
         self.model = family_class(config.family, config.path).load(load_spec(config, self.opts))
 
     def __call__(self, batch: dict) -> dict:

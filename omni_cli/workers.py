@@ -64,9 +64,9 @@ def parse_devices(spec: str | None) -> tuple[str, ...] | None:
 
 
 def cuda_count() -> int:
-    import torch
+    from omni_cli.runners.device import visible_gpus
 
-    return torch.cuda.device_count()
+    return visible_gpus()
 
 
 @dataclass

@@ -207,3 +207,16 @@ def pick_device(spec: str) -> torch.device:
 def describe(device: torch.device) -> str:
     """The device for run.json: 'cpu', or 'cuda:0 (NVIDIA H200)'."""
     return str(device) + (f" ({torch.cuda.get_device_name(device)})" if device.type == "cuda" else "")
+
+
+def visible_gpus() -> int:
+    """How many CUDA devices this process sees (omni generate --devices all)."""
+    return torch.cuda.device_count()
+
+
+def use_all_cpu_threads() -> None:
+    """torch's intra-op threads = the CPUs this process may run on (a Ray actor starts with its
+    OMP_NUM_THREADS set to its CPU share; the CPU codec's rounding follows the thread count)."""
+    import os
+
+    torch.set_num_threads(len(os.sched_getaffinity(0)))

@@ -180,6 +180,7 @@ def _run(opts: GenerateOptions, config: ModelConfig, base_params: SamplingParams
         finally:
             guard.may_raise = False  # from here the run finishes; a first signal is only recorded
             t.setdefault("warmup_s", 0.0)
+            t.setdefault("loop", time.perf_counter())  # a fault in the warm-up: the loop never began
             t["decoded"] = time.perf_counter()
             audio.drain()  # rows still waiting (after Ctrl-C, say), and every file on disk
             t["written"] = time.perf_counter()

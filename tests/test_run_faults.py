@@ -51,6 +51,27 @@ def test_a_run_fault_is_exit_3_with_every_row_recorded(tmp_path, monkeypatch):
     assert run["totals"]["exit_code"] == 3 and "illegal memory access" in run["totals"]["run_error"]
 
 
+def test_a_fault_before_the_loop_is_exit_3_with_every_row_recorded(tmp_path, monkeypatch):
+    """The warm-up (graph captures, first codec calls) fails: every row is recorded failed with the
+    run's error and run.json is written, as for a fault mid-run (not a crash that hides the error)."""
+    from omni_cli import generate
+
+    def failing_warm_up(*a):
+        raise RuntimeError("CUDA error: operation not permitted when stream is capturing")
+
+    monkeypatch.setattr(generate, "_warm_up", failing_warm_up)
+    prompts = write_jsonl(tmp_path / "p.jsonl", [{"id": f"r{i}", "text": f"row {i}"} for i in range(3)])
+    out = tmp_path / "out"
+    res = run_cli("generate", prompts, "-o", out, *FAST)
+    assert res.exit_code == 3, res.output
+    assert "the run failed" in res.output and "stream is capturing" in res.output
+    rows = strict_rows(out)
+    assert [r["id"] for r in rows] == ["r0", "r1", "r2"]
+    assert all(r["status"] == "failed" and "stream is capturing" in r["error"] for r in rows)
+    run = json.loads((out / "run.json").read_text())
+    assert run["totals"]["exit_code"] == 3 and "stream is capturing" in run["totals"]["run_error"]
+
+
 def test_one_rows_write_fault_fails_that_row_alone(tmp_path, monkeypatch):
     from omni_cli.output import OutputWriter
 

@@ -79,7 +79,9 @@ class DecodeGraphs:
         # state `post` advances (per-slot tables) is touched for that slot only.
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):  # warm-up (kernel selection, workspaces) off the capture
+        # warm-up (kernel selection, workspaces) off the capture. CAPTURE_LOCK: a kernel's first
+        # launch loads it, which may synchronize the device: not while the codec thread captures
+        with CAPTURE_LOCK, torch.cuda.stream(side):
             for _ in range(2):
                 forward(post)
         torch.cuda.current_stream().wait_stream(side)
@@ -174,7 +176,7 @@ class PrefillGraphs:
         st["slots"].fill_(self.kv.k_gpu.shape[1] - 1)  # warm-up and capture write the spare slot only
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
+        with CAPTURE_LOCK, torch.cuda.stream(side):  # first launches: not beside a codec capture
             for _ in range(2):
                 forward()
         torch.cuda.current_stream().wait_stream(side)

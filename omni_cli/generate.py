@@ -14,6 +14,7 @@ from __future__ import annotations
 import itertools
 import sys
 import time
+import traceback
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -200,7 +201,8 @@ def _run(opts: GenerateOptions, config: ModelConfig, base_params: SamplingParams
     record = run_record(opts, config, model, results, progress, audio, stats, interrupted, t)
     record["references"] = references.as_record()
     record["totals"].update(kept=len(kept), exit_code=code,
-                            run_error=None if fault is None else f"{type(fault).__name__}: {fault}")
+                            run_error=None if fault is None else f"{type(fault).__name__}: {fault}",
+                            run_traceback=None if fault is None else traceback.format_exception(fault))
     io.record(opts.out, record)
     if not opts.quiet:
         progress.print_line(async_summary(config.async_decode, model.runner, stats))

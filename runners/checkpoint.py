@@ -22,7 +22,7 @@ import torch
 from safetensors import safe_open
 
 from .errors import OmniError
-from .device import host_buffer, new_event
+from .device import host_buffer, new_event, role_stream
 
 
 # what a checkpoint folder needs besides its weights (configs, tokenizer, chat template)
@@ -277,7 +277,7 @@ def _stream_file(path: Path, entries: list[_Entry], targets: dict[str, torch.Ten
                for _ in range(min(STAGES, len(windows)))]
     done = [new_event(device) for _ in buffers]
     cuda = device.type == "cuda"
-    copies = torch.cuda.Stream(device) if cuda else None
+    copies = role_stream(device, "load") if cuda else None
     if cuda:
         # hazard: the tensors were made (and initialised) on the current stream: the copies
         # must come after that, and what reads the weights after the copies (synchronize below)

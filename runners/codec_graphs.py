@@ -9,10 +9,11 @@ codec's calls as CUDA graphs). A graph replays a call with one launch.
 A shape's first call runs eagerly (holding CAPTURE_LOCK): it makes cuDNN's plans and compiles
 Triton's specializations, neither of which may happen inside a capture. Its
 second call captures the graph and replays it; later calls copy their inputs
-into the graph's buffers and replay. The capture runs on the calling thread's
-stream with capture_begin, not torch.cuda.graph, whose device-wide synchronize
-and cache flush would stall the decode loop (which keeps running on its own
-stream) and hand back its cached blocks. On the CPU every call is eager.
+into the graph's buffers and replay. The capture runs on the codec's stream
+(runners/device.py: role_stream, never a decode graph's) with capture_begin,
+not torch.cuda.graph, whose device-wide synchronize and cache flush would
+stall the decode loop (which keeps running on its own stream) and hand back
+its cached blocks. On the CPU every call is eager.
 
 HAZARDS: a replayed call's output is the graph's own buffer, which the shape's
 next replay overwrites: the caller copies it out on the same stream before its

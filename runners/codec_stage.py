@@ -3,11 +3,13 @@
 Generic over model families: a family gives a ``RowCodec`` (runners/family.py),
 which says where a row's codes are among its generated frames, how to lay them
 out for the codec, and how to decode a padded batch; this stage does the
-batching, length buckets, calls queued ahead, pinned buffers, per-thread streams
+batching, length buckets, calls queued ahead, pinned buffers, the codec's stream
 and CUDA graphs.
 
-Runs on the caller's thread (omni generate's codec thread); on CUDA on a stream
-of that thread's own, so the decode loop's stream never waits for it. Batched
+Runs on the caller's thread (omni generate's codec thread); on CUDA on the
+process's codec stream (runners/device.py: role_stream), so the decode loop's
+stream never waits for it. Hazard: one thread decodes at a time (its graphs
+capture on that stream). Batched
 (the default mode on CUDA): rows go through the codec together, padded to a
 length bucket of CODEC_LENGTH_BUCKET codec frames and a power-of-two batch,
 with the padding masked, so that a few shapes serve every length; a row's
@@ -27,7 +29,7 @@ import torch
 
 from .audio import pcm16
 from .codec_graphs import CodecGraphs
-from .device import host_buffer, new_event
+from .device import host_buffer, new_event, role_stream
 
 # codec frames a batched call beside the loop holds; the KV budget keeps room for its
 # activations (larger calls decode faster alone but hurt end to end: BENCHMARKS.md, codec)
@@ -72,7 +74,7 @@ class CodecStage:
         self.num_streams = codec.num_streams
         self.sample_rate = codec.sample_rate
         self.hop_length = codec.hop_length
-        # per calling thread: its CUDA stream, its host buffers, its codec graphs (codec_graphs.py)
+        # per calling thread: its host buffers, its codec graphs (codec_graphs.py)
         self._local = threading.local()
         self._lock = threading.Lock()  # batched calls are queued one at a time
 
@@ -86,9 +88,7 @@ class CodecStage:
     def _stream(self):
         if self.device.type != "cuda":
             return contextlib.nullcontext()
-        if not hasattr(self._local, "stream"):
-            self._local.stream = torch.cuda.Stream(self.device)
-        return torch.cuda.stream(self._local.stream)
+        return torch.cuda.stream(role_stream(self.device, "codec"))
 
     def rows_per_call(self, max_new_frames: int) -> int:
         """How many rows of max_new_frames frames one batched call beside the loop holds."""

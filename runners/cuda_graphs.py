@@ -24,7 +24,7 @@ from __future__ import annotations
 import torch
 
 from .attention import AttentionContext, KVCache, fused_kernels_available, kv_bucket
-from .device import CAPTURE_LOCK
+from .device import CAPTURE_LOCK, role_stream
 from .batch import ForwardBatch
 
 
@@ -77,10 +77,11 @@ class DecodeGraphs:
             return st, inputs, forward, None
         # Warm-up and capture run with every row on the padding slot, so the
         # state `post` advances (per-slot tables) is touched for that slot only.
-        side = torch.cuda.Stream()
+        side = role_stream(self.device, "capture")
         side.wait_stream(torch.cuda.current_stream())
-        # warm-up (kernel selection, workspaces) off the capture. CAPTURE_LOCK: a kernel's first
-        # launch loads it, which may synchronize the device: not while the codec thread captures
+        # warm-up (kernel selection, workspaces) off the capture, on the stream that captures (its
+        # cuBLAS workspace then exists). CAPTURE_LOCK: a kernel's first launch loads it, which may
+        # synchronize the device: not while the codec thread captures
         with CAPTURE_LOCK, torch.cuda.stream(side):
             for _ in range(2):
                 forward(post)
@@ -89,7 +90,7 @@ class DecodeGraphs:
         # thread_local: the codec thread keeps decoding audio on its own stream
         # while this thread captures (the default mode fails its CUDA calls);
         # CAPTURE_LOCK: not while it captures a codec graph
-        with CAPTURE_LOCK, torch.cuda.graph(graph, pool=self.pool, capture_error_mode="thread_local"):
+        with CAPTURE_LOCK, torch.cuda.graph(graph, pool=self.pool, stream=side, capture_error_mode="thread_local"):
             out = forward(post)
         return st, inputs, graph, out
 
@@ -174,14 +175,14 @@ class PrefillGraphs:
             return self.model.compute_logits(hidden[torch.arange(rows, device=self.device), st["last"]])
 
         st["slots"].fill_(self.kv.k_gpu.shape[1] - 1)  # warm-up and capture write the spare slot only
-        side = torch.cuda.Stream()
+        side = role_stream(self.device, "capture")
         side.wait_stream(torch.cuda.current_stream())
         with CAPTURE_LOCK, torch.cuda.stream(side):  # first launches: not beside a codec capture
             for _ in range(2):
                 forward()
         torch.cuda.current_stream().wait_stream(side)
         graph = torch.cuda.CUDAGraph()
-        with CAPTURE_LOCK, torch.cuda.graph(graph, pool=self.pool, capture_error_mode="thread_local"):
+        with CAPTURE_LOCK, torch.cuda.graph(graph, pool=self.pool, stream=side, capture_error_mode="thread_local"):
             logits = forward()
         return st, graph, logits
 

@@ -104,6 +104,37 @@ def blas_library(name: str):
 CAPTURE_LOCK = threading.Lock()
 
 
+# (device index, role) -> the process's stream for that role (role_stream)
+_ROLE_STREAMS: dict[tuple[int, str], torch.cuda.Stream] = {}
+_ROLE_LOCK = threading.Lock()
+ROLE_DRAWS = 64  # two turns of the larger pool torch hands streams out from
+
+
+def role_stream(device: torch.device, role: str, priority: int = 0) -> torch.cuda.Stream:
+    """The process's one CUDA stream for ``role`` on ``device``, made on first use and kept:
+    "capture" (every graph's warm-up and capture), "codec" (the codec's calls: one thread
+    decodes at a time), "loop" (the decode loop's, at ``priority``), "load" (weight copies).
+
+    NOTE: torch.cuda.Stream() hands out a pool of 32 streams per priority in turn, so the
+    33rd asks for one already given: a codec call then ran on the stream a decode graph was
+    capturing (a capture error, or the codec's kernels recorded into the graph, never run).
+    A role's stream is drawn until it is no other role's and not the default stream."""
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    with _ROLE_LOCK:
+        stream = _ROLE_STREAMS.get((index, role))
+        if stream is not None:
+            return stream
+        taken = {s.cuda_stream for (i, _), s in _ROLE_STREAMS.items() if i == index}
+        taken.add(torch.cuda.default_stream(index).cuda_stream)
+        for _ in range(ROLE_DRAWS):
+            stream = torch.cuda.Stream(index, priority=priority)
+            if stream.cuda_stream not in taken:
+                _ROLE_STREAMS[(index, role)] = stream
+                return stream
+    raise RuntimeError(f"no CUDA stream of priority {priority} left for role {role!r}: every one the pool "
+                       f"gave in {ROLE_DRAWS} draws belongs to another role")
+
+
 def empty_cache() -> None:
     """torch.cuda.empty_cache, never while another thread captures a graph."""
     with CAPTURE_LOCK:
@@ -154,7 +185,7 @@ def priority_stream(device: torch.device):
         yield
         return
     outer = torch.cuda.current_stream(device)
-    stream = torch.cuda.Stream(device, priority=-100)  # clamped to the device's highest
+    stream = role_stream(device, "loop", priority=-100)  # clamped to the device's highest
     stream.wait_stream(outer)  # what was enqueued before (weights, tables) is ready
     try:
         with torch.cuda.stream(stream):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import random
 
 import pytest
@@ -23,7 +24,9 @@ def _gen(tmp_path, name, cfg, rows, *args):
     out = tmp_path / name
     res = run_cli("generate", prompts, "-o", out, "--model", cfg, "-q", "--max-new-frames", "60",
                   "--temperature", "0.9", "--top-k", "40", "--top-p", "0.9", "--ras-win-len", "7", *args)
-    assert res.exit_code == 0, res.output
+    run = out / "run.json"  # a run fault: its traceback (run.json) names the frame that raised
+    assert res.exit_code == 0, res.output + ("".join(json.loads(run.read_text())["totals"].get("run_traceback") or [])
+                                             if run.exists() else "")
     return out
 
 
@@ -58,19 +61,37 @@ def test_async_matches_sync_on_cuda_bf16(tmp_path, eos_ckpt):
         outs[mode] = _gen(tmp_path, mode.strip("-"), cfg, rows, "--seed", "5", "--max-batch-size", "3",
                           "--deterministic", mode)
     a, s = outs["--async-decode"], outs["--no-async-decode"]
-    for m in read_manifest(s):
-        for rel in (m["file_name"], m["logprobs_file"]):
-            assert (a / rel).read_bytes() == (s / rel).read_bytes(), rel
+    differ = [rel for m in read_manifest(s) for rel in (m["file_name"], m["logprobs_file"])
+              if (a / rel).read_bytes() != (s / rel).read_bytes()]
+    assert not differ, differ  # every file named: the codes (npz) apart from the audio (wav)
     # control: the files are their codes' audio, and other codes' audio has other bytes
     stage = codec_stage(eos_ckpt, torch.bfloat16, torch.device("cuda"))
     assert_written_audio_follows_its_codes(stage, s, longest_row(read_manifest(s)))
+
+
+def test_role_streams_are_distinct_cuda_streams_after_the_pool_wraps():
+    """torch hands out a pool of streams per priority in turn: after 40 draws by others it has
+    given some stream twice, yet the capture, codec, load and loop roles are four different
+    CUDA streams, none the default one, and each role keeps its own."""
+    from omni_cli.runners.device import role_stream
+
+    dev = torch.device("cuda")
+    drawn = [torch.cuda.Stream() for _ in range(40)]
+    assert len({s.cuda_stream for s in drawn}) < 40  # the pool came round (the hazard, on this torch)
+    roles = {r: role_stream(dev, r) for r in ("capture", "codec", "load")}
+    roles["loop"] = role_stream(dev, "loop", priority=-100)
+    handles = [s.cuda_stream for s in roles.values()]
+    assert len(set(handles)) == 4 and torch.cuda.default_stream().cuda_stream not in handles
+    drawn += [torch.cuda.Stream() for _ in range(40)]
+    assert all(role_stream(dev, r) is s for r, s in roles.items())
 
 
 def test_kv_budget_keeps_room_for_the_widest_prefill_it_measured(tmp_path):
     """On CUDA the KV budget's prefill term is measured at start-up. A prefill of the widest
     shape the scheduler admits (as many rows as there are slots and max_seq_len tokens each
     fit in prefill_token_budget), run afterwards through the built runner's engine, allocates
-    no more than that term."""
+    no more than that term. Its second call is measured: a first call may also make a stream's
+    cuBLAS workspace, which stays and is RUNTIME_SLACK_BYTES's (the message shows both)."""
     import torch
 
     from tests.conftest import load_family
@@ -92,7 +113,12 @@ def test_kv_budget_keeps_room_for_the_widest_prefill_it_measured(tmp_path):
                       positions_gpu=torch.arange(t, device=dev).expand(rows, t),
                       model_inputs={"input_ids": torch.randint(0, runner.cfg.audio_bos_token_id - 16, (rows, t),
                                                                device=dev)})  # text tokens
-    assert peak_bytes(lambda: runner.engine.forward(fb), dev) <= budget["prefill_peak_mib"] * 2**20 * 1.05 + 2**20
+    forward = lambda: runner.engine.forward(fb)  # noqa: E731
+    base = torch.cuda.memory_allocated(dev)
+    first = peak_bytes(forward, dev)
+    kept = torch.cuda.memory_allocated(dev) - base  # what the first call left allocated (workspaces)
+    peak = peak_bytes(forward, dev)  # the activations alone: workspaces are RUNTIME_SLACK_BYTES's
+    assert peak <= budget["prefill_peak_mib"] * 2**20 * 1.05 + 2**20, (first, kept, peak, budget)
 
 
 def test_small_prefills_replay_graphs_within_bf16_rounding_of_eager():

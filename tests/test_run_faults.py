@@ -70,6 +70,8 @@ def test_a_fault_before_the_loop_is_exit_3_with_every_row_recorded(tmp_path, mon
     assert all(r["status"] == "failed" and "stream is capturing" in r["error"] for r in rows)
     run = json.loads((out / "run.json").read_text())
     assert run["totals"]["exit_code"] == 3 and "stream is capturing" in run["totals"]["run_error"]
+    # the whole traceback, down to the frame that raised (the message alone did not say where)
+    assert "failing_warm_up" in "".join(run["totals"]["run_traceback"])
 
 
 def test_one_rows_write_fault_fails_that_row_alone(tmp_path, monkeypatch):

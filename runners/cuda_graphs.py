@@ -32,6 +32,26 @@ def _next_pow2(n: int) -> int:
     return 1 << (n - 1).bit_length()
 
 
+def warm_and_capture(fn, device: torch.device, pool):
+    """fn run twice eagerly, then captured into a graph in ``pool`` -> (graph, what fn returned
+    inside the capture: the graph's own tensors), all on the process's capture stream."""
+    side = role_stream(device, "capture")
+    side.wait_stream(torch.cuda.current_stream())
+    # warm-up (kernel selection, workspaces) off the capture, on the stream that captures (its
+    # cuBLAS workspace then exists). CAPTURE_LOCK: a kernel's first launch loads it, which may
+    # synchronize the device: not while the codec thread captures
+    with CAPTURE_LOCK, torch.cuda.stream(side):
+        for _ in range(2):
+            fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    # thread_local: the codec thread keeps decoding audio on its own stream while this thread
+    # captures (the default mode fails its CUDA calls); CAPTURE_LOCK: not while it captures
+    with CAPTURE_LOCK, torch.cuda.graph(graph, pool=pool, stream=side, capture_error_mode="thread_local"):
+        out = fn()
+    return graph, out
+
+
 class DecodeGraphs:
     def __init__(self, model: torch.nn.Module, kv: KVCache, device: torch.device, capture: bool,
                  fixed_rows: int | None = None):
@@ -77,21 +97,7 @@ class DecodeGraphs:
             return st, inputs, forward, None
         # Warm-up and capture run with every row on the padding slot, so the
         # state `post` advances (per-slot tables) is touched for that slot only.
-        side = role_stream(self.device, "capture")
-        side.wait_stream(torch.cuda.current_stream())
-        # warm-up (kernel selection, workspaces) off the capture, on the stream that captures (its
-        # cuBLAS workspace then exists). CAPTURE_LOCK: a kernel's first launch loads it, which may
-        # synchronize the device: not while the codec thread captures
-        with CAPTURE_LOCK, torch.cuda.stream(side):
-            for _ in range(2):
-                forward(post)
-        torch.cuda.current_stream().wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        # thread_local: the codec thread keeps decoding audio on its own stream
-        # while this thread captures (the default mode fails its CUDA calls);
-        # CAPTURE_LOCK: not while it captures a codec graph
-        with CAPTURE_LOCK, torch.cuda.graph(graph, pool=self.pool, stream=side, capture_error_mode="thread_local"):
-            out = forward(post)
+        graph, out = warm_and_capture(lambda: forward(post), self.device, self.pool)
         return st, inputs, graph, out
 
     def run(self, fb: ForwardBatch, deterministic: bool, post=None, post_key=None):
@@ -175,15 +181,7 @@ class PrefillGraphs:
             return self.model.compute_logits(hidden[torch.arange(rows, device=self.device), st["last"]])
 
         st["slots"].fill_(self.kv.k_gpu.shape[1] - 1)  # warm-up and capture write the spare slot only
-        side = role_stream(self.device, "capture")
-        side.wait_stream(torch.cuda.current_stream())
-        with CAPTURE_LOCK, torch.cuda.stream(side):  # first launches: not beside a codec capture
-            for _ in range(2):
-                forward()
-        torch.cuda.current_stream().wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        with CAPTURE_LOCK, torch.cuda.graph(graph, pool=self.pool, stream=side, capture_error_mode="thread_local"):
-            logits = forward()
+        graph, logits = warm_and_capture(forward, self.device, self.pool)
         return st, graph, logits
 
     def run(self, fb: ForwardBatch) -> torch.Tensor | None:

@@ -107,7 +107,7 @@ CAPTURE_LOCK = threading.Lock()
 # (device index, role) -> the process's stream for that role (role_stream)
 _ROLE_STREAMS: dict[tuple[int, str], torch.cuda.Stream] = {}
 _ROLE_LOCK = threading.Lock()
-ROLE_DRAWS = 64  # two turns of the larger pool torch hands streams out from
+ROLE_DRAWS = 64  # two turns of torch's pool of a priority
 
 
 def role_stream(device: torch.device, role: str, priority: int = 0) -> torch.cuda.Stream:

@@ -143,6 +143,46 @@ def _transformers(ref, cfg, batch, frames, prompt_len, device):
     return 1e3 * wall / steps, wall, steps
 
 
+def check_bench(shape: str, batches: list[int], frames: int, prompt_len: int, device: str, dtype: torch.dtype,
+                peers) -> str:
+    """The flags before anything is built (OmniError, exit 2); returns the device to run on. A real
+    shape needs a GPU: on a machine without CUDA it is refused at once (its two random models, ours
+    and transformers', would take most of the host's memory), and on --device cpu when the host's
+    available memory cannot hold them."""
+    from omni_cli.config import MAX_BATCH_SIZE
+    from omni_cli.errors import OmniError
+    from omni_cli.runners.device import host_available, pick_device
+    from omni_cli.runners.sampling.params import INT_MAX
+
+    try:
+        cfg = shape_config(shape)
+    except ValueError as e:
+        raise OmniError(f"--shape: {e}") from None
+    if not batches or not all(1 <= b <= MAX_BATCH_SIZE for b in batches):
+        raise OmniError(f"--batch: each must be from 1 to {MAX_BATCH_SIZE}, got {batches}")
+    if not 9 <= frames <= INT_MAX or not 2 <= prompt_len <= INT_MAX:
+        raise OmniError(f"--frames must be >= 9 (the delay pattern's first frame of audio) and --prompt-len >= 2, "
+                        f"got {frames} and {prompt_len}")
+    where = pick_device(device)
+    if shape == "tiny-higgs-audio-v2":
+        return device
+    cpu = "omni bench --shape tiny-higgs-audio-v2 --device cpu"
+    if where.type != "cuda" and device != "cpu":
+        raise OmniError(f"omni bench --shape {shape} needs a GPU and this machine has no CUDA device; "
+                        f"on the CPU run `{cpu}`")
+    total, _ = param_counts(cfg)
+    elem = torch.finfo(dtype).bits // 8
+    # both models are built in float32 (one then cast, the other beside it), then our KV cache
+    need = total * (4 + elem) + max(batches) * (prompt_len + frames) * cfg.num_hidden_layers * \
+        cfg.num_key_value_heads * cfg.head_dim * 2 * elem
+    available = host_available()
+    if where.type == "cpu" and available is not None and need > available:
+        raise OmniError(f"omni bench --shape {shape} on the CPU needs about {need / 2**30:.0f} GiB (two models' "
+                        f"weights and the KV cache) and {available / 2**30:.0f} GiB is available; run `{cpu}`, "
+                        "or on a GPU")
+    return device
+
+
 def run_bench(shape: str, batches: list[int], frames: int, prompt_len: int, device: torch.device,
               dtype: torch.dtype, out_json: Path | None, plot: Path | None, peers=("sync", "async", "transformers")):
     max_seq = prompt_len + frames

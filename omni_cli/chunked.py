@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from omni_cli.chunk_store import ChunkStore
 from omni_cli.errors import OmniError, RowError
 from omni_cli.longform import CHUNK_METHODS, chunk_seed, crossfade_join, crossfade_samples, plan_chunks, texts_array
 from omni_cli.prompts import PromptRow
@@ -44,6 +45,7 @@ class LongRow:
     finish_reasons: list = field(default_factory=list)
     finish_reason: str | None = None  # once the last chunk is generated: "length" if any chunk's was; "failed"
     failed: bool = False
+    resumed: int = 0  # chunks an earlier run finished (--resume: omni_cli/chunk_store.py)
 
     @property
     def n(self) -> int:
@@ -56,14 +58,30 @@ def chunk_rid(rid: str, k: int) -> str:
 
 
 class ChunkedRows:
-    def __init__(self, model, scheduler, buffer: int):
+    def __init__(self, model, scheduler, buffer: int, store: ChunkStore | None = None, resume: bool = False):
         self.model, self.scheduler, self.buffer = model, scheduler, buffer
-        self.results = None  # RowResults and AudioStage, set once they exist
+        self.store = store  # each finished chunk kept on disk until its row is written
+        self.resume = resume  # --resume: a long row goes on after the chunks an earlier run kept
+        self.results = None  # RowResults, AudioStage and Progress, set once they exist
         self.audio = None
+        self.progress = None
         self._by_rid: dict[str, tuple[LongRow, int]] = {}  # chunk request id -> (its row, its index)
         self._lock = threading.Lock()
 
     def first_request(self, lr: LongRow, prompt) -> Request:
+        """Chunk 0's request; with --resume, the first chunk an earlier run did not finish (its
+        finished ones, its seed and their codes taken from the store)."""
+        if self.store is not None:
+            got = self.store.load(lr.row.id, lr.digest, lr.n) if self.resume else None
+            if got is None:
+                self.store.clear(lr.row.id)  # an earlier run's chunks of this row, if any, are stale
+            else:
+                lr.seed, parts, lr.finish_reasons = got
+                for k, part in enumerate(parts):
+                    lr.parts[k] = part
+                    lr.turns.append(self._turn(lr.texts[k], part[0]))
+                lr.resumed = len(parts)
+                return self._next_request(lr, lr.resumed)
         return self._request(lr, 0, prompt)
 
     def _request(self, lr: LongRow, k: int, prompt) -> Request:
@@ -73,7 +91,7 @@ class ChunkedRows:
 
     def requests(self, rows: int, long_rows: list[LongRow]) -> int:
         """Requests the audio stage will see: one a plain row, n a long row."""
-        return rows - len(long_rows) + sum(lr.n for lr in long_rows)
+        return rows - len(long_rows) + sum(lr.n - lr.resumed for lr in long_rows)
 
     # ---- the loop thread ----
     def finished(self, reqs: list[Request]) -> None:
@@ -87,6 +105,8 @@ class ChunkedRows:
 
     def _chunk_generated(self, req: Request, lr: LongRow, k: int) -> None:
         lr.finish_reasons.append(req.finish_reason)
+        if self.progress is not None:
+            self.progress.chunk_done()
         with self._lock:
             failed = lr.failed
         if failed:
@@ -158,13 +178,16 @@ class ChunkedRows:
                            "(temperature, repetition_penalty) outside what the model's arithmetic holds")
             return
         raw = req.raw_logprobs.array.copy() if len(req.raw_logprobs) else None
+        part = (np.array(tokens), logprobs.copy(), raw, np.asarray(samples))
         with self._lock:
             if lr.failed:
                 return
-            lr.parts[k] = (np.array(tokens), logprobs.copy(), raw, np.asarray(samples))
+            lr.parts[k] = part
             whole = len(lr.parts) == lr.n
         if whole:
             self._write_row(lr)
+        elif self.store is not None:  # kept until the row is written: a killed run resumes after it
+            self.store.save(lr.row.id, lr.digest, lr.seed, k, part, req.finish_reason)
 
     def _write_row(self, lr: LongRow) -> None:
         parts = [lr.parts[k] for k in range(lr.n)]
@@ -176,8 +199,10 @@ class ChunkedRows:
         frames = np.cumsum([0] + [len(p[0]) for p in parts]).astype(np.int64)
         arrays = {"chunk_frames": frames, "chunk_samples": np.asarray(offsets, dtype=np.int64),
                   "chunk_texts": texts_array(lr.texts)}
-        self.results.write_row(lr.row, lr.system, lr.digest, lr.seed, lr.finish_reason, lr.params, tokens,
-                               logprobs, raw, samples, extra_meta={"chunks": lr.n}, extra_arrays=arrays)
+        written = self.results.write_row(lr.row, lr.system, lr.digest, lr.seed, lr.finish_reason, lr.params, tokens,
+                                         logprobs, raw, samples, extra_meta={"chunks": lr.n}, extra_arrays=arrays)
+        if written and self.store is not None:
+            self.store.clear(lr.row.id)
 
 
 def check_chunk_flags(method: str, buffer: int) -> None:

@@ -9,6 +9,9 @@ Import-light: torch and the run code load inside the commands, never for --help.
 from __future__ import annotations
 
 import json
+import os
+import re
+import sys
 from pathlib import Path
 from typing import Optional
 
@@ -70,7 +73,16 @@ def _default_text(param, value: object) -> str:
     return f"{value}, from the model config"
 
 
-class _ConfigDefaultsCommand(TyperCommand):
+class _Command(TyperCommand):
+    """Typer's plain help, with a list argument's type written <path>... rather than <list[Path]>."""
+
+    def format_help(self, ctx, formatter) -> None:
+        super().format_help(ctx, formatter)
+        formatter.buffer[:] = [re.sub(r"<list\[(\w+)\]>", lambda m: f"<{m.group(1).lower()}>...", piece)
+                               for piece in formatter.buffer]
+
+
+class _ConfigDefaultsCommand(_Command):
     """Shows the model config's defaults in --help, reading the YAML only when help is asked for."""
 
     def format_help(self, ctx, formatter) -> None:
@@ -85,11 +97,16 @@ class _ConfigDefaultsCommand(TyperCommand):
 
 @app.command(cls=_ConfigDefaultsCommand, epilog=EXIT_CODES)
 def generate(
-    prompts: str = typer.Argument(..., metavar="PROMPTS", help="Prompt file (.jsonl, .csv or text lines), or - for stdin."),
+    prompts: str = typer.Argument(..., metavar="PROMPTS", help="Prompt file (.jsonl or .ndjson, a .json array, "
+                                  ".csv, or text lines), or - for stdin."),
     out: Path = typer.Option(..., "-o", "--out", help="Output folder."),
+    input_format: Optional[str] = typer.Option(None, "--input-format", metavar="jsonl|json|csv|txt",
+                                               help="How to read PROMPTS (default: by its extension; stdin and "
+                                                    "other names: told from the first record)."),
     model: Optional[str] = typer.Option(None, "--model", help="Model config: a YAML path or a name in configs/ "
                                         "(default: the embedded tiny-higgs-audio-v2)."),
-    seed: Optional[int] = typer.Option(None, "--seed", help="Run seed; rows without a seed derive theirs from it."),
+    seed: Optional[int] = typer.Option(None, "--seed", help="Run seed; rows without a seed derive theirs from it. "
+                                       "Seeds are taken modulo 2^31 (0..2147483647; others are masked, with a warning)."),
     max_batch_size: Optional[int] = typer.Option(None, "--max-batch-size", help="Rows decoded together (KV slots)."),
     temperature: Optional[float] = typer.Option(None, "--temperature", help="0 means greedy."),
     top_k: Optional[int] = typer.Option(None, "--top-k", help="0 disables."),
@@ -163,7 +180,7 @@ def generate(
                            raw_logprobs=raw_logprobs, async_decode=async_decode, fmt=fmt, quiet=quiet, overwrite=overwrite,
                            resume=resume, max_failures=max_failures, jsonl_stdout=jsonl_stdout, shard=shard_spec,
                            voices=voices, chunk_method=chunk_method, chunk_buffer=chunk_buffer,
-                           devices=device_list, ray=ray)
+                           devices=device_list, ray=ray, input_format=input_format)
     if ray is not None:
         try:
             from omni_cli.ray import run_ray
@@ -181,25 +198,34 @@ def generate(
         raise typer.Exit(summary.exit_code)
 
 
-@app.command(epilog="Exit codes: 0 every row valid; 2 a row or the config has a problem, or the file cannot be read.")
+@app.command(cls=_Command, epilog="Exit codes: 0 every row valid; 2 a row or the config has a problem, or the "
+                                   "file cannot be read.")
 def validate(
-    prompts: str = typer.Argument(..., metavar="PROMPTS", help="Prompt file (.jsonl, .json, .csv or text lines), "
-                                  "or - for stdin."),
+    prompts: str = typer.Argument(..., metavar="PROMPTS", help="Prompt file (.jsonl or .ndjson, a .json array, "
+                                  ".csv, or text lines), or - for stdin."),
     model: Optional[str] = typer.Option(None, "--model", help="Model config: a YAML path or a name in configs/."),
     voices: Optional[Path] = typer.Option(None, "--voices", help="Voice bank YAML, as omni generate takes it."),
+    input_format: Optional[str] = typer.Option(None, "--input-format", metavar="jsonl|json|csv|txt",
+                                               help="How to read PROMPTS, as omni generate takes it."),
+    chunk_method: str = typer.Option("auto", "--chunk-method", help="Long text, as omni generate takes it: each "
+                                     "chunk's prompt is checked against the context."),
 ) -> None:
-    """Check every row as omni generate would, without loading the model; print each problem."""
+    """Check every row as omni generate would, without loading the model's weights (its tokenizer and
+    configs are read); print each problem."""
     from omni_cli.validate import run_validate
 
-    bad = _run(lambda: run_validate(prompts, model, voices))
+    bad = _run(lambda: run_validate(prompts, model, voices, input_format, chunk_method))
     for r in bad:
-        typer.echo(f"id {r.id!r}: {r.error}")
+        given = "(none given)" if r.given_id is None else repr(r.given_id)
+        renamed = f" (written as {r.id!r})" if r.given_id is None or str(r.given_id) != r.id else ""
+        typer.echo(f"id {given}{renamed}: {r.error}")
     typer.echo(f"omni: {len(bad)} invalid rows" if bad else "omni: every row is valid", err=True)
     if bad:
         raise typer.Exit(2)
 
 
-@app.command()
+@app.command(cls=_Command, epilog="Exit codes: 0 every sampled row regenerated byte for byte; 1 a row differs; "
+                                   "2 not an output folder, or bad arguments.")
 def verify(
     out: Path = typer.Argument(..., help="An output folder of `omni generate`."),
     sample: int = typer.Option(8, "--sample", help="Rows to regenerate (0 = all)."),
@@ -209,8 +235,12 @@ def verify(
     quiet: bool = typer.Option(False, "--quiet", "-q"),
 ) -> None:
     """Regenerate a sample of rows at another batch size and order; compare bytes per row."""
+    from omni_cli.config import MAX_BATCH_SIZE
     from omni_cli.verify import run_verify
 
+    if sample < 0 or (batch_size is not None and not 1 <= batch_size <= MAX_BATCH_SIZE):
+        typer.echo(f"omni: error: --sample must be >= 0 and --max-batch-size from 1 to {MAX_BATCH_SIZE}", err=True)
+        raise typer.Exit(2)
     checks = _run(lambda: run_verify(out, sample, batch_size, seed, quiet))
     for c in checks:
         mark = "ok" if c.ok else "DIFFERS"
@@ -224,7 +254,7 @@ def verify(
         raise typer.Exit(1)
 
 
-@app.command()
+@app.command(cls=_Command)
 def merge(
     folders: list[Path] = typer.Argument(..., metavar="OUT...", help="Output folders of one prompt file "
                                          "(its --shard runs, say)."),
@@ -245,6 +275,11 @@ def merge(
         if items:
             typer.echo(f"omni: error: {len(items)} {what}: " + "; ".join(items[:20])
                        + (f"; ... ({len(items) - 20} more)" if len(items) > 20 else ""), err=True)
+    if report.unlisted:
+        typer.echo(f"omni: error: {report.unlisted} rows of the prompt file are in no folder (their ids cannot be "
+                   "listed here)", err=True)
+    if report.unverified:
+        typer.echo(f"omni: error: {report.unverified}", err=True)
     for note in report.notes:
         typer.echo(f"omni: note: {note}", err=True)
     dup = f", {len(report.duplicates)} identical duplicates merged once" if report.duplicates else ""
@@ -254,7 +289,8 @@ def merge(
         raise typer.Exit(1)
 
 
-@app.command()
+@app.command(cls=_Command, epilog="Needs a GPU for the real shapes: on a machine without CUDA only "
+                                   "--shape tiny-higgs-audio-v2 --device cpu runs.")
 def bench(
     shape: str = typer.Option("higgs-audio-v2-3b", "--shape", help="higgs-audio-v2-3b or tiny-higgs-audio-v2."),
     batch: list[int] = typer.Option([1, 8, 64, 256], "--batch", help="Batch sizes (repeat the flag)."),
@@ -268,8 +304,8 @@ def bench(
                               help="Comma-separated: sync, async, deterministic (async under --deterministic), "
                                    "transformers."),
 ) -> None:
-    """Random-weight throughput: omni sync, omni async and transformers generate, in one run."""
-    from omni_cli.bench import PEERS, run_bench
+    """Random-weight throughput on a GPU: omni sync, omni async and transformers generate, in one run."""
+    from omni_cli.bench import PEERS, check_bench, run_bench
     from omni_cli.runners.device import DTYPES, pick_device
 
     if dtype not in DTYPES:
@@ -279,7 +315,8 @@ def bench(
     if not chosen or any(p not in PEERS for p in chosen):
         typer.echo(f"omni: error: --peers {peers!r}: name some of {', '.join(PEERS)}", err=True)
         raise typer.Exit(2)
-    _run(lambda: run_bench(shape, batch, frames, prompt_len, pick_device(device), DTYPES[dtype], out, plot, chosen))
+    where = _run(lambda: check_bench(shape, batch, frames, prompt_len, device, DTYPES[dtype], chosen))
+    _run(lambda: run_bench(shape, batch, frames, prompt_len, pick_device(where), DTYPES[dtype], out, plot, chosen))
 
 
 voices_app = typer.Typer(add_completion=False, no_args_is_help=True, rich_markup_mode=None,
@@ -316,4 +353,16 @@ def _run(fn):
 
 
 def main() -> None:
-    app()
+    try:
+        app()
+    except BrokenPipeError:  # stdout closed by the reader (`| head`): nothing more to say to it
+        _close_stdout()
+        sys.exit(0)
+
+
+def _close_stdout() -> None:
+    """Point fd 1 at /dev/null, so the interpreter's last flush of a closed pipe raises nothing."""
+    try:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    except (OSError, ValueError):
+        pass

@@ -15,7 +15,7 @@ import yaml
 
 from omni_cli.errors import ConfigError
 from omni_cli.voice_bank import parse_bank
-from omni_cli.runners.sampling.params import FIELD_NAMES, SamplingParams, check_field
+from omni_cli.runners.sampling.params import FIELD_NAMES, INT_MAX, SamplingParams, check_field, short_repr
 
 
 def _config_dir() -> Path:
@@ -29,6 +29,7 @@ CONFIG_DIR = _config_dir()
 DEFAULT_CONFIG = "tiny-higgs-audio-v2"
 
 DTYPES = ("float32", "bfloat16", "float16")
+MAX_BATCH_SIZE = 1 << 16  # rows decoded at once: far past what one device's memory holds at any context
 
 
 @dataclass(frozen=True)
@@ -130,9 +131,9 @@ def load_config(spec: str | Path | None) -> ModelConfig:
     device = raw.get("device", "auto")
     if not (device in ("auto", "cpu", "cuda") or (device.startswith("cuda:") and device[5:].isdigit())):
         raise ConfigError(path, "device", f"must be auto, cpu, cuda or cuda:N, got {device!r}")
-    for key in ("max_batch_size", "max_seq_len"):
-        if key in raw and raw[key] < 1:
-            raise ConfigError(path, key, f"must be >= 1, got {raw[key]}")
+    for key, top in (("max_batch_size", MAX_BATCH_SIZE), ("max_seq_len", INT_MAX)):
+        if key in raw and not 1 <= raw[key] <= top:
+            raise ConfigError(path, key, f"must be from 1 to {top}, got {short_repr(raw[key])}")
 
     sampling = SamplingParams()
     for key, value in (raw.get("sampling") or {}).items():

@@ -56,13 +56,13 @@ class DeviceProgress(Progress):
             self.sync_routed = sum(f.sync_routed for f in self.figures)
             self._maybe_draw()
 
-    def device_row(self, device: int, audio_s: float, ok: bool) -> None:
+    def device_row(self, device: int, audio_s: float, status: str) -> None:
         f = self.figures[device]
         with self._lock:
             f.rows += 1
-            f.ok += ok
+            f.ok += status == "ok"
             f.audio_s += audio_s
-        self.row_done(audio_s, ok)
+        self.row_done(audio_s, status)
 
     def kept(self) -> None:
         """A row an earlier run finished (--resume): not this run's to do."""

@@ -1,8 +1,11 @@
 """The output folder is one run's: its lock, what --overwrite removes, what --resume keeps.
 
-OUT/.omni.lock      flock'ed for the whole run: a second run into the folder is refused
-                    (the file stays; removing a lock file races with the next run's flock)
+OUT/.omni.lock      flock'ed for the whole run: a second run into the folder is refused. The
+                    run removes it while still holding it; a run that locked the file just as
+                    it went finds the path no longer names its file and takes the lock anew.
+                    A lock file left behind is a run killed before it let go.
 temporaries         *.tmp and .*.partial.* files: what a killed run left mid-write
+OUT/.chunks/        a long row's finished chunks until its files are written (--resume goes on after them)
 """
 
 from __future__ import annotations
@@ -11,6 +14,7 @@ import fcntl
 import hashlib
 import json
 import os
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -19,6 +23,7 @@ from omni_cli.errors import OmniError
 
 LOCK_NAME = ".omni.lock"
 MANIFEST = "metadata.jsonl"
+CHUNKS = ".chunks"  # long rows' finished chunks (omni_cli/chunk_store.py), kept for --resume
 
 
 def read_manifest_lenient(path: Path) -> list[dict[str, Any]]:
@@ -41,7 +46,8 @@ def read_manifest_lenient(path: Path) -> list[dict[str, Any]]:
 def temporaries(out: Path) -> list[Path]:
     """Files a killed run left mid-write: the manifest's and run.json's *.tmp, the files' .partial names."""
     found = []
-    for d in (out, out / "audio", out / "logprobs"):
+    chunks = out / CHUNKS
+    for d in (out, out / "audio", out / "logprobs", *(chunks.iterdir() if chunks.is_dir() else ())):
         if d.is_dir():
             found += [p for p in d.iterdir() if p.is_file() and (p.name.endswith(".tmp") or ".partial." in p.name)]
     return found
@@ -50,12 +56,68 @@ def temporaries(out: Path) -> list[Path]:
 @dataclass
 class FolderLock:
     fd: int
+    out: Path
+    created: bool = False  # this run made the folder: left empty, it is removed again
 
     def release(self) -> None:
         try:
-            fcntl.flock(self.fd, fcntl.LOCK_UN)
+            (self.out / LOCK_NAME).unlink(missing_ok=True)  # still held: see the module's docstring
+        except OSError:
+            pass
         finally:
+            fcntl.flock(self.fd, fcntl.LOCK_UN)
             os.close(self.fd)
+        if self.created:
+            _remove_if_empty(self.out)
+
+
+def _remove_if_empty(out: Path) -> None:
+    """A folder this run made and wrote nothing into (an error before the first row): gone again."""
+    try:
+        for sub in ("audio", "logprobs"):
+            if (out / sub).is_dir() and not any((out / sub).iterdir()):
+                (out / sub).rmdir()
+        if not any(out.iterdir()):
+            out.rmdir()
+    except OSError:
+        pass
+
+
+def _lock(out: Path) -> int:
+    """An fd holding the folder's lock file flock'ed; OmniError while another run holds it."""
+    path = out / LOCK_NAME
+    while True:
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as e:
+            raise OmniError(f"cannot write to the output folder {out}: {e.strerror or e}") from None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            os.close(fd)
+            raise OmniError(f"{out} is in use by another omni run (it holds {path}); "
+                            "wait for it or choose another folder") from None
+        try:
+            if os.stat(path).st_ino == os.fstat(fd).st_ino:
+                return fd
+        except FileNotFoundError:
+            pass
+        os.close(fd)  # the run before removed the file we locked: lock the path's new file
+
+
+def lock_held(out: Path) -> bool:
+    """Whether a live run holds the folder's lock (omni merge refuses such a folder)."""
+    try:
+        fd = os.open(out / LOCK_NAME, os.O_RDONLY)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        return False
+    except OSError:
+        return True
+    finally:
+        os.close(fd)
 
 
 def prepare_out_dir(out: Path, overwrite: bool, resume: bool) -> FolderLock:
@@ -65,18 +127,17 @@ def prepare_out_dir(out: Path, overwrite: bool, resume: bool) -> FolderLock:
         raise OmniError("--overwrite and --resume exclude each other: --resume keeps the finished rows")
     if out.exists() and not out.is_dir():
         raise OmniError(f"{out} exists and is not a folder")
+    created = not out.exists()
     try:
         out.mkdir(parents=True, exist_ok=True)
-        fd = os.open(out / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o644)
     except OSError as e:
         raise OmniError(f"cannot write to the output folder {out}: {e.strerror or e}") from None
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError:
-        os.close(fd)
-        raise OmniError(f"{out} is in use by another omni run (it holds {out / LOCK_NAME}); "
-                        "wait for it or choose another folder") from None
-    lock = FolderLock(fd)
+        lock = FolderLock(_lock(out), out, created)
+    except OmniError:
+        if created:
+            _remove_if_empty(out)
+        raise
     try:
         _check_writable(out)
         manifest = out / MANIFEST
@@ -90,6 +151,7 @@ def prepare_out_dir(out: Path, overwrite: bool, resume: bool) -> FolderLock:
             # an empty manifest (a run killed before its first row) holds nothing to keep
             for p in temporaries(out):
                 p.unlink(missing_ok=True)
+            shutil.rmtree(out / CHUNKS, ignore_errors=True)
     except BaseException:
         lock.release()
         raise
@@ -118,6 +180,7 @@ def remove_previous(out: Path, earlier: list[dict[str, Any]]) -> None:
                 p.unlink(missing_ok=True)
     for p in temporaries(out):
         p.unlink(missing_ok=True)
+    shutil.rmtree(out / CHUNKS, ignore_errors=True)
     (out / "run.json").unlink(missing_ok=True)
     (out / MANIFEST).unlink(missing_ok=True)
 

@@ -19,14 +19,16 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from omni_cli.audio_stage import AudioStage
+from omni_cli.chunk_store import ChunkStore
 from omni_cli.chunked import ChunkedRows, LongRow, first_chunk
 from omni_cli.config import ModelConfig
 from omni_cli.errors import RowError
 from omni_cli.folder import row_hash, row_intact
 from omni_cli.job_io import LocalIO
-from omni_cli.job_settings import check_flags, load_spec, model_identity
+from omni_cli.job_settings import check_flags, load_spec, model_identity, print_warnings, prompt_warnings
 from omni_cli.longform import DEFAULT_CHUNK_BUFFER, DEFAULT_CHUNK_METHOD
 from omni_cli.loop import run_loop
+from omni_cli.output import StdoutLines
 from omni_cli.prompts import PromptRow, read_prompts
 from omni_cli.results import RowResults, input_fields
 from omni_cli.run_record import async_summary, run_record
@@ -36,8 +38,8 @@ from omni_cli.runners.sampling.seeds import row_seed
 from omni_cli.scheduler import Request, Scheduler
 from omni_cli.shard import Shard
 from omni_cli.signals import SignalGuard, exit_code
-from omni_cli.validate import check_run
-from omni_cli.voices import attach_references, check_references, prompt_base, too_long
+from omni_cli.validate import check_inputs, encode_each
+from omni_cli.voices import attach_references, too_long
 from omni_cli.warmup import warm_up_lm
 
 # exit codes (cli.py's --help and README's table say the same)
@@ -76,6 +78,7 @@ class GenerateOptions:
     chunk_buffer: int = DEFAULT_CHUNK_BUFFER  # earlier chunks a chunk's prompt holds
     devices: tuple[str, ...] | None = None  # --devices (omni_cli/workers.py); one device: this process's
     ray: str | None = None  # --ray ADDRESS: the job as a Ray Data pipeline (omni_cli/ray.py)
+    input_format: str | None = None  # --input-format jsonl|json|csv|txt; None: by extension, else sniffed
 
 
 @dataclass
@@ -96,13 +99,28 @@ def run_generate(opts: GenerateOptions, io: LocalIO | None = None) -> RunSummary
     io = io or LocalIO()
     t = {"start": time.perf_counter()}
     config, base_params = check_flags(opts)
-    rows = read_prompts(opts.prompts) if io.rows is None else io.rows
+    info: dict = {}  # the prompt file's identity (run.json: prompts), as one process reads it
+    if io.rows is None:
+        rows = read_prompts(opts.prompts, opts.input_format, prompt_warnings(opts), info=info)
+    else:
+        rows = io.rows
+    t["prompts"] = info
     if opts.shard is not None:
         rows = opts.shard.select(rows)
+    t["read"] = time.perf_counter()
+    family = family_class(config.family, config.path)  # the family's imports
+    t["family"] = time.perf_counter()
     with io.guard() as guard:
+        try:  # every row and flag checked before the folder is touched or a weight loads
+            clips = check_inputs(rows, family, config, base_params, opts)
+            t["checked"] = time.perf_counter()
+            if not opts.quiet:
+                print_warnings(opts, rows)
+        except KeyboardInterrupt as e:
+            return nothing_ran(len(rows), exit_code(e))
         lock = io.lock(opts)  # before the weights load
         try:
-            return _run(opts, config, base_params, rows, t, guard, io)
+            return _run(opts, config, base_params, rows, family, clips, t, guard, io)
         except KeyboardInterrupt as e:  # before any row ran (the load): nothing to record
             return nothing_ran(len(rows), exit_code(e))
         finally:
@@ -116,12 +134,7 @@ def nothing_ran(total: int, code: int) -> RunSummary:
 
 
 def _run(opts: GenerateOptions, config: ModelConfig, base_params: SamplingParams, rows: list[PromptRow],
-         t: dict, guard: SignalGuard, io: LocalIO) -> RunSummary:
-    t["read"] = time.perf_counter()
-    family = family_class(config.family, config.path)  # the family's imports
-    check_run(rows, base_params, config, family.limits(config.checkpoint), opts.fmt)  # nothing loaded yet
-    clips = check_references(rows, config.voices, prompt_base(opts.prompts))  # read and checked, not encoded
-    t["family"] = time.perf_counter()
+         family: type[ModelFamily], clips: dict, t: dict, guard: SignalGuard, io: LocalIO) -> RunSummary:
     spec = load_spec(config, opts)
     model = io.load(family, spec)
     t["loaded"] = time.perf_counter()
@@ -132,15 +145,16 @@ def _run(opts: GenerateOptions, config: ModelConfig, base_params: SamplingParams
     earlier = io.earlier(opts.out) if opts.resume else {}
     io.clear_temporaries(opts.out)
     scheduler = Scheduler(model.num_slots, config.max_seq_len)  # the budget may grant fewer slots
-    chunker = ChunkedRows(model, scheduler, opts.chunk_buffer)
+    chunker = ChunkedRows(model, scheduler, opts.chunk_buffer, ChunkStore(opts.out), opts.resume)
     queued, rejected, kept, changed = _queue(rows, model, config, base_params, opts.seed, scheduler,
                                              identity, earlier, opts.out, (chunker, opts.chunk_method))
-    writer = io.writer(opts.out, opts.fmt, model.sample_rate, kept, _stdout_line if opts.jsonl_stdout else None)
+    stdout = StdoutLines() if opts.jsonl_stdout else None
+    writer = io.writer(opts.out, opts.fmt, model.sample_rate, kept, stdout)
     progress = io.progress(len(rows) - len(kept), opts.quiet)
     results = RowResults(writer, progress, model.real_code_mask, opts.quiet)
     results.rows = queued
     audio = AudioStage(model.codec, model.batched_codec)
-    chunker.results, chunker.audio = results, audio
+    chunker.results, chunker.audio, chunker.progress = results, audio, progress
     interrupted, stats, fault, stop = False, None, None, None
     code = EXIT_OK
     with progress:
@@ -159,6 +173,7 @@ def _run(opts: GenerateOptions, config: ModelConfig, base_params: SamplingParams
             rows_per_call = min(model.num_slots, model.codec.rows_per_call(base_params.max_new_frames)) \
                 if audio.batched else 1
             long_rows = [q[2] for q in queued.values() if isinstance(q[2], LongRow)]
+            progress.long_rows(sum(lr.n for lr in long_rows), sum(lr.resumed for lr in long_rows), len(long_rows))
             audio.start(chunker.write, chunker.requests(len(queued), long_rows), rows_per_call)
 
             def stepped(n: int, loop_stats) -> None:
@@ -196,26 +211,38 @@ def _run(opts: GenerateOptions, config: ModelConfig, base_params: SamplingParams
             progress.print_line(f"[red]omni: error: the run failed: {type(fault).__name__}: {fault}[/red]")
         progress.note = "interrupted" if interrupted else ("stopped: --max-failures reached" if stop else
                                                           ("run failed" if fault else None))
-    writer.close()
+    written = _attempt(writer.close, "rewriting the manifest in input order")
+    if written is not None:  # the manifest stands as appended (lines the disk refused are missing): incomplete
+        fault, code = fault or written, EXIT_RUN_FAILED
     t["end"] = time.perf_counter()
     record = run_record(opts, config, model, results, progress, audio, stats, interrupted, t)
     record["references"] = references.as_record()
+    record["prompts"] = t["prompts"] or None  # the whole file's, a shard's run included
     record["totals"].update(kept=len(kept), exit_code=code,
                             run_error=None if fault is None else f"{type(fault).__name__}: {fault}",
                             run_traceback=None if fault is None else traceback.format_exception(fault))
-    io.record(opts.out, record)
+    recorded = _attempt(lambda: io.record(opts.out, record), "writing run.json")
+    for failure in (written, recorded):
+        if failure is not None:
+            code = EXIT_RUN_FAILED
+            progress.print_line(f"[red]omni: error: {failure}; --resume completes the run once there is room[/red]")
     if not opts.quiet:
         progress.print_line(async_summary(config.async_decode, model.runner, stats))
+        if stdout is not None and stdout.note():
+            progress.print_line(f"omni: {stdout.note()}")
     if code == EXIT_OK and results.failed:
         code = EXIT_ROWS_FAILED
     return RunSummary(total=len(rows), ok=results.ok + len(kept), failed=results.failed,
                       interrupted=interrupted, exit_code=code)
 
 
-def _stdout_line(line: str) -> None:
-    """--jsonl-stdout: one manifest line, whole and flushed (the writer's lock keeps lines apart)."""
-    sys.stdout.write(line)
-    sys.stdout.flush()
+def _attempt(write, what: str) -> OSError | None:
+    """A write at the end of the run; an OSError (a full disk, a folder gone) is returned, named, not raised."""
+    try:
+        write()
+    except OSError as e:
+        return OSError(f"{what} failed: {e.strerror or e}" + (f": {e.filename}" if e.filename else ""))
+    return None
 
 
 def _record_unfinished(results: RowResults, queued: dict, interrupted: bool, fault, stop, opts) -> None:
@@ -281,7 +308,7 @@ def _queue(rows: list[PromptRow], model: ModelFamily, config: ModelConfig, base_
     # rows of one voice queue together (input order within it): a prefill batch then shares the
     # voice's prompt prefix in the KV cache, computed once (runners/engine.py: _share_prefix)
     rendered.sort(key=lambda x: x[0].reference[1] if x[0].reference is not None else "")
-    for (r, system, params, _, digest, texts), prompt in zip(rendered, _encode(model, [x[3] for x in rendered])):
+    for (r, system, params, _, digest, texts), prompt in zip(rendered, encode_each(model, [x[3] for x in rendered])):
         if isinstance(prompt, Exception):
             rejected.append((r, f"row {r.row}, field 'text': tokenizing it failed: {type(prompt).__name__}: {prompt}"))
             continue
@@ -301,7 +328,8 @@ def _queue(rows: list[PromptRow], model: ModelFamily, config: ModelConfig, base_
         except ValueError as e:  # the prompt alone, or with its frames, past the context
             field = "text" if len(req.prompt_ids) >= config.max_seq_len else "max_new_frames"
             if r.context:
-                field, e = too_long(r, prompt, params.max_new_frames, config.max_seq_len, model.frame_rate)
+                field, e = too_long(r, len(prompt), len(r.context[0].codes), params.max_new_frames,
+                                    config.max_seq_len, model.frame_rate)
             rejected.append((r, str(RowError(r.row, field, str(e)))))
             continue
         except Exception as e:  # noqa: BLE001
@@ -310,24 +338,6 @@ def _queue(rows: list[PromptRow], model: ModelFamily, config: ModelConfig, base_
         queued[r.id] = (r, system, entry or req, digest)
     rejected.sort(key=lambda x: x[0].row)
     return queued, rejected, kept, changed
-
-
-def _encode(model: ModelFamily, texts: list[str]) -> list:
-    """The prompts tokenized at once (on the machine's cores, outside the GIL); where the batch
-    raises, one by one, so that only the row that raises fails (its entry: the exception)."""
-    if not texts:
-        return []
-    try:
-        return list(model.encode_prompts(texts))
-    except Exception:  # noqa: BLE001
-        pass
-    out = []
-    for text in texts:
-        try:
-            out.append(model.encode_prompts([text])[0])
-        except Exception as e:  # noqa: BLE001
-            out.append(e)
-    return out
 
 
 def _kept_line(entry: dict, row: int) -> str:

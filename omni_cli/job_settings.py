@@ -4,11 +4,12 @@ a row's hash covers, and the checks made before anything loads. One process (gen
 
 from __future__ import annotations
 
+import sys
 from dataclasses import replace
 
 from omni_cli import __version__
 from omni_cli.chunked import check_chunk_flags
-from omni_cli.config import ModelConfig, load_config
+from omni_cli.config import MAX_BATCH_SIZE, ModelConfig, load_config
 from omni_cli.errors import OmniError
 from omni_cli.output import check_format
 from omni_cli.runners.device import DTYPES, pick_device
@@ -23,8 +24,8 @@ def settings(opts) -> tuple[ModelConfig, SamplingParams]:
     if opts.voices is not None:
         config = replace(config, voices={**config.voices, **read_bank_file(opts.voices)})
     if opts.max_batch_size is not None:
-        if opts.max_batch_size < 1:
-            raise OmniError(f"--max-batch-size must be >= 1, got {opts.max_batch_size}")
+        if not 1 <= opts.max_batch_size <= MAX_BATCH_SIZE:
+            raise OmniError(f"--max-batch-size must be from 1 to {MAX_BATCH_SIZE}, got {opts.max_batch_size}")
         config = replace(config, max_batch_size=opts.max_batch_size)
     if opts.devices is not None and len(opts.devices) == 1:  # a worker's device, over the config's
         config = replace(config, device=opts.devices[0])
@@ -52,19 +53,32 @@ def check_flags(opts) -> tuple[ModelConfig, SamplingParams]:
 
 def check_job(opts) -> tuple:
     """What run_generate checks before anything loads, for a parent that shares the rows out:
-    (config, every row read, bad ones carrying their errors)."""
+    (config, every row read, bad ones carrying their errors, the prompt file's identity)."""
     from omni_cli.prompts import read_prompts
     from omni_cli.runners.family import family_class
-    from omni_cli.validate import check_run
-    from omni_cli.voices import check_references, prompt_base
+    from omni_cli.validate import check_inputs
 
     if opts.max_failures is not None:
         raise OmniError("--max-failures is not supported with --devices or --ray (each worker would count alone)")
     config, base_params = check_flags(opts)
-    rows = read_prompts(opts.prompts)
-    check_run(rows, base_params, config, family_class(config.family, config.path).limits(config.checkpoint), opts.fmt)
-    check_references(rows, config.voices, prompt_base(opts.prompts))
-    return config, rows
+    info: dict = {}
+    rows = read_prompts(opts.prompts, opts.input_format, prompt_warnings(opts), info=info)
+    check_inputs(rows, family_class(config.family, config.path), config, base_params, opts)
+    if not opts.quiet:
+        print_warnings(opts, rows)
+    return config, rows, info
+
+
+def print_warnings(opts, rows: list, limit: int = 20) -> None:
+    """What the run takes differently from what was given (a seed masked to 31 bits), on stderr."""
+    from omni_cli.runners.sampling.params import seed_masked
+
+    lines = [f"--seed: {why}"] if opts.seed is not None and (why := seed_masked(opts.seed)) else []
+    lines += [w for r in rows for w in r.warnings]
+    for line in lines[:limit]:
+        print(f"omni: warning: {line}", file=sys.stderr, flush=True)
+    if len(lines) > limit:
+        print(f"omni: warning: ... and {len(lines) - limit} more", file=sys.stderr, flush=True)
 
 
 def load_spec(config: ModelConfig, opts) -> LoadSpec:
@@ -85,3 +99,8 @@ def model_identity(config: ModelConfig, spec: LoadSpec, opts) -> dict:
         d.pop(k, None)
     return d | {"device": spec.device.type, "omni_cli": __version__, "raw_logprobs": opts.raw_logprobs,
                 "format": opts.fmt}
+
+
+def prompt_warnings(opts):
+    """read_prompts' warn: silent under --quiet (errors only), else its default (stderr)."""
+    return (lambda message: None) if opts.quiet else None

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from omni_cli.errors import OmniError
+from omni_cli.folder import LOCK_NAME, lock_held
 from omni_cli.shard import shard_of
 
 # run.json command keys that must agree between the sources: what decides a row's output
@@ -46,19 +47,25 @@ class MergeReport:
     duplicates: list[str] = field(default_factory=list)  # ids in several folders that agree
     conflicts: list[str] = field(default_factory=list)  # "id: folder, folder": ids whose copies differ
     missing: list[str] = field(default_factory=list)  # ids of the prompt file in no folder
+    unlisted: int = 0  # rows of the prompt file in no folder whose ids cannot be listed (its file unreadable here)
+    unverified: str | None = None  # why the merge cannot tell whether rows are missing
     missing_shards: list[str] = field(default_factory=list)  # "i/n" no folder holds
     lost_files: list[str] = field(default_factory=list)  # ok rows whose files are gone
     notes: list[str] = field(default_factory=list)
 
     @property
     def clean(self) -> bool:
-        return not (self.conflicts or self.missing or self.missing_shards or self.lost_files)
+        return not (self.conflicts or self.missing or self.unlisted or self.unverified or self.missing_shards
+                    or self.lost_files)
 
 
 def read_source(path: Path) -> Source:
     manifest = path / "metadata.jsonl"
     if not path.is_dir() or not manifest.is_file():
         raise OmniError(f"{path} is not an omni output folder (no metadata.jsonl)")
+    if lock_held(path):
+        raise OmniError(f"{path} is in use by a running omni run (it holds {path / LOCK_NAME}): merge it once "
+                        "that run has ended")
     run = None
     if (path / "run.json").is_file():
         try:
@@ -79,11 +86,19 @@ def read_source(path: Path) -> Source:
 
 
 def _check_same_run(sources: list[Source]) -> None:
-    """The sources must come from one prompt file under one model and one set of sampling settings."""
+    """The sources must come from one prompt file under one model and one set of sampling settings.
+    The prompt file is compared by its content's sha256 where both run.json files record it (the
+    path as typed may differ between machines), else by that path."""
     runs = [(s.path, s.run) for s in sources if s.run is not None]
     for path, run in runs[1:]:
         first_path, first = runs[0]
+        a, b = (first.get("prompts") or {}).get("sha256"), (run.get("prompts") or {}).get("sha256")
+        if a and b and a != b:
+            raise OmniError(f"{first_path} and {path} are not runs of one job: their prompt files differ "
+                            f"(sha256 {a[:12]} != {b[:12]})")
         for key in _SAME_COMMAND:
+            if key == "prompts" and a and b:
+                continue
             a, b = first.get("command", {}).get(key), run.get("command", {}).get(key)
             if a != b:
                 raise OmniError(f"{first_path} and {path} are not runs of one job: {key} differs ({a!r} != {b!r})")
@@ -127,20 +142,20 @@ def _link_or_copy(src: Path, dst: Path) -> None:
 
 
 def _missing(sources: list[Source], present: set[str], report: MergeReport) -> None:
-    """Rows of the prompt file in no folder: from the file when run.json names a readable one,
-    and whole shards no folder holds."""
+    """Rows of the prompt file in no folder: listed from the file where run.json's `prompts` names
+    one readable here with the recorded sha256, else counted from the recorded row count; and
+    whole shards no folder holds. A folder without run.json (a run killed before its end) among
+    sources that record nothing to count by leaves the merge unverified: not clean."""
     runs = [s.run for s in sources if s.run is not None]
-    prompts = runs[0].get("command", {}).get("prompts") if runs else None
-    if prompts and prompts != "-" and Path(prompts).is_file():
-        from omni_cli.prompts import read_prompts
-
-        try:
-            report.missing = [r.id for r in read_prompts(prompts) if r.id not in present]
-        except OmniError as e:
-            report.notes.append(f"could not read the prompt file {prompts} to look for missing rows: {e}")
+    info = next((r["prompts"] for r in runs if isinstance(r.get("prompts"), dict)), None)
+    if info is not None:
+        _missing_by_record(info, present, report)
     else:
-        report.notes.append("the prompt file is not readable from here: rows missing from every folder "
-                            "are not listed")
+        _missing_by_path(runs, present, report)
+        if any(s.run is None for s in sources) and not report.missing:
+            killed = ", ".join(str(s.path) for s in sources if s.run is None)
+            report.unverified = (f"no run.json in {killed} (a run killed before it ended), and no folder records "
+                                 "its prompt file's rows: rows may be missing that the merge cannot count")
     specs = [str(r.get("command", {}).get("shard") or "") for r in runs]
     counts = {spec.split("/")[-1] for spec in specs}
     if len(counts) == 1 and "" not in counts:  # every source a shard of one split: which shards are there
@@ -148,6 +163,49 @@ def _missing(sources: list[Source], present: set[str], report: MergeReport) -> N
         held = {int(spec.split("/")[0]) for spec in specs}
         held |= {shard_of(rid, n) for rid in present}  # a folder without run.json still holds its shard's rows
         report.missing_shards = [f"{i}/{n}" for i in range(n) if i not in held]
+
+
+def _missing_by_record(info: dict, present: set[str], report: MergeReport) -> None:
+    from omni_cli.prompts import read_prompts
+
+    path = info.get("path")
+    readable = isinstance(path, str) and path != "-" and Path(path).is_file()
+    if readable and _sha256(Path(path)) == info.get("sha256"):
+        try:
+            report.missing = [r.id for r in read_prompts(path, info.get("format"), warn=lambda m: None)
+                              if r.id not in present]
+            return
+        except OmniError as e:
+            report.notes.append(f"could not read the prompt file {path} to list missing rows: {e}")
+    elif readable:
+        report.notes.append(f"the prompt file {path} changed since the runs: missing rows are counted, not listed")
+    else:
+        report.notes.append(f"the prompt file {path} is not readable here: missing rows are counted, not listed")
+    total = info.get("rows")
+    if isinstance(total, int) and total > len(present):
+        report.unlisted = total - len(present)
+
+
+def _missing_by_path(runs: list[dict], present: set[str], report: MergeReport) -> None:
+    """Runs of an older version record no prompt file's identity: its path as typed, where readable."""
+    prompts = runs[0].get("command", {}).get("prompts") if runs else None
+    if prompts and prompts != "-" and Path(prompts).is_file():
+        from omni_cli.prompts import read_prompts
+
+        try:
+            report.missing = [r.id for r in read_prompts(prompts, warn=lambda m: None) if r.id not in present]
+        except OmniError as e:
+            report.notes.append(f"could not read the prompt file {prompts} to look for missing rows: {e}")
+    else:
+        report.notes.append("the prompt file is not readable from here: rows missing from every folder "
+                            "are not listed")
+
+
+def _sha256(path: Path) -> str | None:
+    from omni_cli.folder import file_digest
+
+    got = file_digest(path)
+    return got[1] if got else None
 
 
 def run_merge(folders: list[Path], out: Path) -> MergeReport:
@@ -167,8 +225,8 @@ def run_merge(folders: list[Path], out: Path) -> MergeReport:
 
     report = MergeReport()
     for s in sources:
-        if (s.path / ".omni.lock").exists():  # a run still writing it, or one killed before it let go
-            report.notes.append(f"{s.path} holds a run's lock file (.omni.lock): merged as it is now")
+        if (s.path / LOCK_NAME).exists():  # not held (read_source refuses that): a run killed before it let go
+            report.notes.append(f"{s.path}: a run was killed there before it ended (its {LOCK_NAME} is left)")
     chosen: dict[str, Source] = {}  # id -> the folder whose row is merged
     for s in sources:
         for rid in s.lines:
@@ -225,6 +283,7 @@ def _write_run_json(sources: list[Source], out: Path, report: MergeReport) -> No
                      "shard": (s.run or {}).get("command", {}).get("shard"),
                      "totals": (s.run or {}).get("totals")} for s in sources],
         "duplicates": report.duplicates, "conflicts": report.conflicts, "missing": report.missing,
+        "missing_unlisted": report.unlisted, "unverified": report.unverified,
         "missing_shards": report.missing_shards, "lost_files": report.lost_files,
     }
     write_run_json(out, record)

@@ -21,6 +21,7 @@ import json
 import math
 import os
 import struct
+import sys
 import threading
 import zlib
 from pathlib import Path
@@ -75,9 +76,14 @@ def _digest(pieces) -> tuple[int, str]:
 
 
 def _atomic_write(path: Path, data: bytes) -> None:
+    """path whole or unchanged: a temporary beside it, renamed; the temporary removed if that fails (a full disk)."""
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_bytes(data)
-    os.replace(tmp, path)
+    try:
+        tmp.write_bytes(data)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 class OutputWriter:
@@ -94,6 +100,7 @@ class OutputWriter:
         (out / "audio").mkdir(parents=True, exist_ok=True)
         (out / "logprobs").mkdir(parents=True, exist_ok=True)
         self._lock = threading.Lock()  # manifest rows come from the writer threads and the main one
+        self.append_error: OSError | None = None  # the first line the disk refused (it stays in memory for close)
         self._fd = self._open_manifest()
 
     def _open_manifest(self) -> int:
@@ -108,7 +115,10 @@ class OutputWriter:
         """One manifest line (json_line's), appended as one write(2)."""
         with self._lock:
             self._lines[row] = line
-            self._emit(row, line)
+            try:
+                self._emit(row, line)
+            except OSError as e:  # a full disk: the line is kept for close's rewrite, the run goes on
+                self.append_error = self.append_error or e
             if self._on_row is not None:
                 self._on_row(line)
 
@@ -205,11 +215,42 @@ class OutputWriter:
             return dict(self._lines)
 
     def close(self) -> None:
-        """Rewrite the manifest in input order."""
+        """Rewrite the manifest in input order. An OSError (a full disk) leaves the appended manifest as
+        it stood, whole lines in the order rows finished, and no temporary: --resume completes it."""
         with self._lock:
             os.close(self._fd)
             lines = [self._lines[r] for r in sorted(self._lines)]
         _atomic_write(self.out / "metadata.jsonl", "".join(lines).encode("utf-8"))
+
+
+class StdoutLines:
+    """--jsonl-stdout: each manifest line to stdout, whole and flushed. A reader that closes the
+    pipe (`| head -3`) ends the lines, not the run: the rest go to the manifest only."""
+
+    def __init__(self) -> None:
+        self.written = 0
+        self.closed = False
+
+    def __call__(self, line: str) -> None:
+        if self.closed:
+            return
+        try:
+            sys.stdout.write(line)
+            sys.stdout.flush()
+            self.written += 1
+        except (BrokenPipeError, ValueError):  # ValueError: a stdout already closed in this process
+            self.closed = True
+            try:  # the interpreter's last flush at exit must not raise on the closed pipe either
+                os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            except (OSError, ValueError):
+                pass
+
+    def note(self) -> str | None:
+        """What the summary says when the reader went away."""
+        if not self.closed:
+            return None
+        return (f"stdout closed after {self.written} lines: --jsonl-stdout stopped there; every row is in "
+                "the manifest")
 
 
 def wav_pcm16(samples: np.ndarray, sample_rate: int) -> tuple[bytes, memoryview]:

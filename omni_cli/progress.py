@@ -16,17 +16,22 @@ from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
+CHUNK_LINE_S = 10.0  # plain output: a long row's chunk progress at most this often
+
 
 class Progress:
     def __init__(self, total: int, quiet: bool):
         self.total = total
         self.quiet = quiet
         self.done = 0
-        self.failed = 0
+        self.failed = 0  # rows that failed on their own
+        self.interrupted = self.skipped = 0  # rows a signal or --max-failures stopped: not failures of theirs
         self.frames = 0
         self.audio_s = 0.0
         self.hits = self.misses = self.sync_routed = 0
         self.note: str | None = None  # how the run ended, when not by finishing (e.g. "interrupted")
+        self.chunks_total = self.chunks_done = self.long = 0  # long rows' chunks (omni_cli/chunked.py)
+        self._last_chunk_line = 0.0
         self.start = time.perf_counter()
         self._console = Console(stderr=True)
         self._live: Live | None = None
@@ -59,16 +64,46 @@ class Progress:
             self.hits, self.misses, self.sync_routed = hits, misses, sync_routed
             self._maybe_draw()
 
+    def long_rows(self, chunks: int, resumed: int, rows: int) -> None:
+        """The run's long rows: their chunks, of which an earlier run finished `resumed` (--resume)."""
+        with self._lock:
+            self.chunks_total, self.chunks_done, self.long = chunks, resumed, rows
+
+    def chunk_done(self) -> None:
+        """A long row's chunk is generated: the live display counts it; plain output says so at most
+        every CHUNK_LINE_S seconds (a long row may run for minutes before its row is done)."""
+        with self._lock:
+            self.chunks_done += 1
+            self._maybe_draw()
+            now = time.perf_counter()
+            plain = self._live is None and not self.quiet and now - self._last_chunk_line >= CHUNK_LINE_S
+            if plain:
+                self._last_chunk_line = now
+        if plain:
+            print(f"omni: {self._chunk_text()}, {self.done}/{self.total} rows done", file=sys.stderr, flush=True)
+
+    def _chunk_text(self) -> str:
+        return f"long rows: {self.chunks_done}/{self.chunks_total} chunks of {self.long} rows"
+
     def print_line(self, text: str) -> None:
         """A line on stderr (rich markup allowed), above the live display when there is one."""
         self._console.print(text, highlight=False, soft_wrap=True)  # one line, however long
 
-    def row_done(self, audio_s: float, ok: bool) -> None:
+    def row_done(self, audio_s: float, status: bool | str) -> None:
+        """status: the manifest's (ok, failed, interrupted, skipped); a bool: ok or failed."""
+        status = {True: "ok", False: "failed"}.get(status, status)
         with self._lock:
             self.done += 1
-            self.failed += 0 if ok else 1
+            self.failed += status == "failed"
+            self.interrupted += status == "interrupted"
+            self.skipped += status == "skipped"
             self.audio_s += audio_s
             self._maybe_draw()
+
+    def _counts(self) -> str:
+        parts = [f"{n} {what}" for n, what in ((self.failed, "failed"), (self.interrupted, "interrupted"),
+                                               (self.skipped, "skipped")) if n]
+        return f" ({', '.join(parts)})" if parts else ""
 
     def _maybe_draw(self) -> None:
         now = time.perf_counter()
@@ -82,14 +117,17 @@ class Progress:
 
     def summary(self) -> str:
         elapsed, fps, asps = self.rates()
-        return ((f"{self.note}: " if self.note else "") + f"{self.done}/{self.total} rows ({self.failed} failed) "
+        counts = self._counts() or " (0 failed)"
+        return ((f"{self.note}: " if self.note else "") + f"{self.done}/{self.total} rows{counts} "
                 f"in {elapsed:.1f}s, {fps:.1f} frames/s, {asps:.2f} audio-s/s")
 
     def _render(self) -> Table:
         elapsed, fps, asps = self.rates()
         eta = (elapsed / self.done * (self.total - self.done)) if self.done else float("nan")
         t = Table.grid(padding=(0, 2))
-        t.add_row("requests", f"{self.done}/{self.total}" + (f" ({self.failed} failed)" if self.failed else ""))
+        t.add_row("requests", f"{self.done}/{self.total}{self._counts()}")
+        if self.chunks_total:
+            t.add_row("chunks", self._chunk_text().removeprefix("long rows: "))
         t.add_row("frames/s", f"{fps:,.1f}")
         t.add_row("audio-s/s", f"{asps:,.2f}")
         t.add_row("elapsed", f"{elapsed:.1f}s")

@@ -1,29 +1,34 @@
-"""Reading prompt files: JSONL, CSV, plain text lines, or '-' for stdin.
+"""Reading prompt files: JSONL, a JSON array, CSV, plain text lines, or '-' for stdin.
 
 Every input row becomes a PromptRow, valid or not. A row that fails validation
 carries its error (naming the row and the field) and is written to the
-manifest as failed; the other rows still run.
+manifest as failed, its input fields kept; the other rows still run. Ids are
+file names and unique: a row without a usable id, or with one an earlier row
+took, gets one no row of the file gives (the whole file is read first).
 """
 
 from __future__ import annotations
 
-import csv
-import io
-import json
+import hashlib
 import re
 import sys
+import unicodedata
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from omni_cli.errors import OmniError, RowError
-from omni_cli.runners.sampling.params import FIELD_NAMES, check_field, check_seed
+from omni_cli.prompt_formats import (INPUT_FORMATS, SUFFIXES, csv_records, decode, json_array_records,
+                                     jsonl_records, sniff, text_records)
+from omni_cli.runners.sampling.params import FIELD_NAMES, check_field, check_seed, seed_masked, short_repr
 
 ROW_FIELDS = ("id", "text", "scene", "system", "seed", "ref_audio", "ref_text", "voice", "chunk") + FIELD_NAMES
-_CSV_INTS = ("seed", "top_k", "max_new_frames", "min_new_frames", "ras_win_len", "ras_win_max_num_repeat")
-_CSV_FLOATS = ("temperature", "top_p", "min_p", "repetition_penalty")
 # ids become file names: keep them portable and unambiguous
 _ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,199}$")
+_URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")  # http://, s3://, file://: a scheme, not a path
+# text a voice can say holds a letter, digit, punctuation or symbol: not only spaces, controls,
+# zero-width (format) characters or lone combining marks
+_SPOKEN = ("L", "N", "P", "S")
 
 
 @dataclass
@@ -42,27 +47,28 @@ class PromptRow:
     reference: tuple | None = None  # (omni_cli.voices.Voice, its clip's sha256), once checked
     context: tuple = ()  # earlier turns (runners.family.AudioTurn) the job attaches: a reference voice
     chunk: str | None = None  # long-form chunking of this row (omni_cli/longform.py); None: the run's
+    given_id: Any = None  # the id as the input gives it (None: none given); `id` differs where it was unusable
+    raw: dict = field(default_factory=dict)  # the row's known input fields as given: a failed row keeps them
+    warnings: list = field(default_factory=list)  # what the run should say about the row (a masked seed)
 
 
-def _check_row(row: int, data: dict[str, Any]) -> PromptRow:
+def _check_row(row: int, rid: str, data: dict[str, Any]) -> PromptRow:
+    """A row's fields checked (RowError names the first bad one); rid: its id, already given."""
     unknown = [k for k in data if k not in ROW_FIELDS]
     if unknown:
         raise RowError(row, unknown[0], f"unknown field (known: {', '.join(ROW_FIELDS)})")
-    rid = data.get("id", row)
-    if isinstance(rid, bool) or not isinstance(rid, (str, int)):
-        raise RowError(row, "id", f"must be a string or an integer, got {rid!r}")
-    rid = str(rid)
-    if not _ID_RE.fullmatch(rid):  # fullmatch: `$` would let a trailing newline through
-        raise RowError(row, "id", f"{rid!r} is not a usable file name (letters, digits, '.', '_', '-'; up to 200)")
+    if "id" in data and not usable_id(data["id"]):
+        raise RowError(row, "id", f"{short_repr(data['id'])} is not a usable file name (a string or an integer of "
+                                  "letters, digits, '.', '_', '-'; up to 200)")
     out = PromptRow(row=row, id=rid)
     text = data.get("text")
-    if not isinstance(text, str) or not text.strip():
-        raise RowError(row, "text", f"must be a non-empty string, got {text!r}")
+    if not isinstance(text, str) or not spoken(text):
+        raise RowError(row, "text", f"must be a non-empty string with something to say, got {short_repr(text)}")
     out.text = text
     for key in ("scene", "system"):
         value = data.get(key)
         if value is not None and not isinstance(value, str):
-            raise RowError(row, key, f"must be a string, got {value!r}")
+            raise RowError(row, key, f"must be a string, got {short_repr(value)}")
         setattr(out, key, value)
     _check_reference(row, data, out)
     for key in ("text", "scene", "system", "ref_text"):
@@ -74,6 +80,8 @@ def _check_row(row: int, data: dict[str, Any]) -> PromptRow:
             out.seed = check_seed(data["seed"])
         except ValueError as e:
             raise RowError(row, "seed", str(e)) from None
+        if (why := seed_masked(data["seed"])) is not None:
+            out.warnings.append(f"row {row}, field 'seed': {why}")
     out.chunk = _check_chunk(row, data.get("chunk"))
     for key in FIELD_NAMES:
         if data.get(key) is not None:
@@ -84,12 +92,25 @@ def _check_row(row: int, data: dict[str, Any]) -> PromptRow:
     return out
 
 
+def usable_id(value: Any) -> bool:
+    """An id that can be a file name as given: a string or integer matching _ID_RE."""
+    return isinstance(value, (str, int)) and not isinstance(value, bool) and bool(_ID_RE.fullmatch(str(value)))
+
+
+def spoken(text: str) -> bool:
+    """Whether a text holds something to say (see _SPOKEN): '\u200b\u200b' and ' ' do not."""
+    return any(unicodedata.category(c)[0] in _SPOKEN for c in text)
+
+
 def _check_reference(row: int, data: dict[str, Any], out: PromptRow) -> None:
     """ref_audio with its ref_text, or a voice name; never both."""
     for key in ("ref_audio", "ref_text", "voice"):
         value = data.get(key)
-        if value is not None and (not isinstance(value, str) or not value.strip()):
-            raise RowError(row, key, f"must be a non-empty string, got {value!r}")
+        if value is not None and (not isinstance(value, str) or not spoken(value)):
+            raise RowError(row, key, f"must be a non-empty string, got {short_repr(value)}")
+    if isinstance(data.get("ref_audio"), str) and _URL.match(data["ref_audio"]):
+        raise RowError(row, "ref_audio", f"{short_repr(data['ref_audio'])} is a URL: omni reads local files; "
+                                         "download the clip and give its path (relative to the prompt file)")
     if data.get("voice") is not None and data.get("ref_audio") is not None:
         raise RowError(row, "voice", "give either voice or ref_audio, not both")
     if data.get("ref_audio") is not None and data.get("ref_text") is None:
@@ -105,7 +126,7 @@ def _check_chunk(row: int, value: Any) -> str | None:
     from omni_cli.longform import CHUNK_METHODS
 
     if value is not None and value not in CHUNK_METHODS:
-        raise RowError(row, "chunk", f"must be one of {', '.join(CHUNK_METHODS)}, got {value!r}")
+        raise RowError(row, "chunk", f"must be one of {', '.join(CHUNK_METHODS)}, got {short_repr(value)}")
     return value
 
 
@@ -120,145 +141,22 @@ def _unencodable(value: str) -> str | None:
     return None
 
 
-def _lines(text: str) -> list[str]:
-    """Physical lines: split on \n only (str.splitlines also splits inside a JSON string at
-    U+2028 and friends), a trailing \r dropped, so row numbers are the file's line numbers."""
-    return [line[:-1] if line.endswith("\r") else line for line in text.split("\n")]
+def read_prompts(source: str, input_format: str | None = None, warn: Callable[[str], None] | None = None,
+                 info: dict | None = None) -> list[PromptRow]:
+    """Read a prompt file by ``input_format`` (jsonl, json, csv, txt), else by extension
+    (.jsonl/.ndjson, .json, .csv, .txt), else sniffed from the content (prompt_formats.sniff):
+    a file of another extension, '-' (stdin), /dev/stdin or a pipe such as <(cmd).
 
-
-def _parse(row: int, fallback_id: str, parse) -> PromptRow:
-    """Validate one row; an invalid row keeps its own id when that id is usable."""
-    data = None
-    try:
-        data = parse()
-        return _check_row(row, data)
-    except RowError as e:
-        rid = data.get("id") if isinstance(data, dict) else None
-        usable = isinstance(rid, (str, int)) and not isinstance(rid, bool) and _ID_RE.fullmatch(str(rid))
-        # a failed row keeps its input, what is not valid Unicode written as escapes
-        kept = {k: data[k].encode("utf-8", "backslashreplace").decode("utf-8") for k in ("text", "scene", "system")
-                if isinstance(data, dict) and isinstance(data.get(k), str)}
-        return PromptRow(row=row, id=str(rid) if usable else fallback_id, error=str(e), **kept)
-
-
-def _jsonl_rows(text: str) -> list[PromptRow]:
-    rows = []
-    for n, line in enumerate(_lines(text), start=1):
-        if not line.strip():
-            continue
-
-        def parse(line=line, n=n):
-            try:
-                data = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise RowError(n, None, f"not valid JSON: {e.msg} at column {e.colno}") from None
-            if not isinstance(data, dict):
-                raise RowError(n, None, "must be a JSON object")
-            return data
-
-        rows.append(_parse(n, f"row-{n}", parse))
-    return rows
-
-
-def _text_rows(text: str) -> list[PromptRow]:
-    # one prompt a line; the id is the line number
-    return [
-        _parse(n, str(n), lambda line=line, n=n: {"id": n, "text": line})
-        for n, line in enumerate(_lines(text), start=1)
-        if line.strip()
-    ]
-
-
-def _json_array_rows(text: str, source: str) -> list[PromptRow]:
-    """A .json file holding an array of row objects; a row's number is its place in the array."""
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise OmniError(f"{source} is not valid JSON: {e.msg} at line {e.lineno}, column {e.colno}") from None
-    if not isinstance(data, list):
-        raise OmniError(f"{source}: a .json prompt file must hold an array of row objects (JSONL: one object a line)")
-
-    def parse(item, n):
-        if not isinstance(item, dict):
-            raise RowError(n, None, "must be a JSON object")
-        return item
-
-    return [_parse(n, f"row-{n}", lambda item=item, n=n: parse(item, n)) for n, item in enumerate(data, start=1)]
-
-
-def _csv_rows(text: str) -> list[PromptRow]:
-    try:
-        return _csv_records(text)
-    except csv.Error as e:  # e.g. a bare carriage return inside a field: the file cannot be read as CSV
-        raise OmniError(f"CSV input cannot be read: {e}") from None
-
-
-def _csv_records(text: str) -> list[PromptRow]:
-    reader = csv.DictReader(io.StringIO(text, newline=""))
-    if reader.fieldnames is None or "text" not in reader.fieldnames:
-        raise OmniError("CSV input needs a header row with at least a 'text' column")
-    rows = []
-    for n, rec in enumerate(reader, start=1):
-        def parse(rec=rec, n=n):
-            data: dict[str, Any] = {"id": n}
-            for key, value in rec.items():
-                if key is None:
-                    raise RowError(n, None, "has more cells than the header")
-                if value is None or value == "":
-                    continue
-                if key in _CSV_INTS:
-                    try:
-                        value = int(value)
-                    except ValueError:
-                        raise RowError(n, key, f"must be an integer, got {value!r}") from None
-                elif key == "suppress_tokens":  # token ids separated by spaces or semicolons
-                    try:
-                        value = [int(t) for t in value.replace(";", " ").split()]
-                    except ValueError:
-                        raise RowError(n, key, f"must be token ids separated by spaces, got {value!r}") from None
-                elif key in _CSV_FLOATS:
-                    try:
-                        value = float(value)
-                    except ValueError:
-                        raise RowError(n, key, f"must be a number, got {value!r}") from None
-                data[key] = value
-            return data
-
-        rows.append(_parse(n, f"row-{n}", parse))
-    return rows
-
-
-def _decode(data: bytes, source: str) -> str:
-    """UTF-8 (a leading byte-order mark dropped), or an error naming the line of the first bad byte."""
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as e:
-        line = data[: e.start].count(b"\n") + 1
-        name = "stdin" if source == "-" else source
-        raise OmniError(f"{name} is not UTF-8 text: byte {data[e.start]:#04x} at line {line}") from None
-    return text[1:] if text.startswith("\ufeff") else text
-
-
-def _sniff(text: str) -> str:
-    """The kind of an input without a telling extension, from its first non-blank line."""
-    first = next((ln.strip() for ln in _lines(text) if ln.strip()), "")
-    if first.startswith("{"):
-        return ".jsonl"
-    if first.startswith("["):
-        return ".json"
-    if "," in first and "text" in [c.strip().strip('"') for c in next(csv.reader([first]))]:
-        return ".csv"
-    return ".txt"
-
-
-def read_prompts(source: str) -> list[PromptRow]:
-    """Read a prompt file by extension (.jsonl/.ndjson, .json array, .csv, else text lines), or
-    '-', /dev/stdin or a pipe such as <(cmd), whose kind is told from its content.
-
-    Content is sniffed (no extension to go by): JSONL when the first non-blank line starts
-    with '{', a JSON array with '[', CSV when that line is a header with a 'text' column,
-    else text lines. Duplicate ids fail the later rows: two rows must never write one file.
+    Ids: a row's own when usable and not taken by an earlier row; else a fresh one that no row
+    of the file gives (its line number, else row-N, row-N-2, ...). warn(message) gets what the
+    reading noticed without failing a row (a sniffed format; default: stderr). info, if given, is
+    filled with what identifies the input (run.json's `prompts`; omni merge checks folders by it):
+    its absolute path (a regular file's; else as given), sha256, bytes, format, rows and the
+    sha256 of its ids in order.
     """
+    warn = warn or _stderr_warning
+    if input_format is not None and input_format not in INPUT_FORMATS:
+        raise OmniError(f"--input-format must be one of {', '.join(INPUT_FORMATS)}, got {input_format!r}")
     if source == "-":
         stream = sys.stdin  # bytes where it has them: a text wrapper would fail on bad bytes itself
         data = stream.buffer.read() if hasattr(stream, "buffer") else stream.read().encode("utf-8", "surrogatepass")
@@ -272,26 +170,76 @@ def read_prompts(source: str) -> list[PromptRow]:
         try:
             data = path.read_bytes()  # a pipe (/dev/stdin, <(cmd)) reads like a file
         except OSError as e:
-            raise OmniError(f"prompt file {source} cannot be read: {e}") from None
+            raise OmniError(f"prompt file {source} cannot be read: {e.strerror or e}") from None
         suffix = path.suffix.lower() if path.is_file() else ""
-    text = _decode(data, source)
-    if suffix not in (".jsonl", ".ndjson", ".json", ".csv", ".txt") and not (suffix and Path(source).is_file()):
-        suffix = _sniff(text)
-    if suffix in (".jsonl", ".ndjson"):
-        rows = _jsonl_rows(text)
-    elif suffix == ".json":
-        rows = _json_array_rows(text, source)
-    elif suffix == ".csv":
-        rows = _csv_rows(text)
-    else:
-        rows = _text_rows(text)
-    seen: dict[str, int] = {}
-    for r in rows:
-        if r.error is None:
-            if r.id in seen:
-                r.error = str(RowError(r.row, "id", f"duplicate id {r.id!r} (first used by row {seen[r.id]})"))
-            else:
-                seen[r.id] = r.row
-    if not rows:
-        raise OmniError(f"no prompts in {source}")
+    text = decode(data, source)
+    kind = input_format or SUFFIXES.get(suffix) or sniff(text, ROW_FIELDS, warn, source)
+    records = {"jsonl": jsonl_records, "csv": csv_records, "txt": text_records,
+               "json": lambda t: json_array_records(t, source)}[kind](text)
+    if not records:
+        raise OmniError(f"no prompts in {'stdin' if source == '-' else source}")
+    rows = _rows(records)
+    if info is not None:
+        regular = source != "-" and Path(source).is_file()
+        info.update(path=str(Path(source).resolve()) if regular else source, sha256=hashlib.sha256(data).hexdigest(),
+                    bytes=len(data), format=kind, rows=len(rows), ids_sha256=ids_digest(rows))
     return rows
+
+
+def ids_digest(rows: list[PromptRow]) -> str:
+    """sha256 of the rows' ids in input order, one a line: the same ids in the same order, the same digest."""
+    return hashlib.sha256("\n".join(r.id for r in rows).encode("utf-8")).hexdigest()
+
+
+def _rows(records: list) -> list[PromptRow]:
+    """Records to PromptRows, with unique ids (see read_prompts)."""
+    def own_id(data, raw):  # a row that could not be read keeps the id its raw fields give (a CSV cell)
+        return (data if isinstance(data, dict) else raw).get("id")
+
+    given = {str(own_id(d, raw)) for _, d, raw in records if usable_id(own_id(d, raw))}
+    taken: set[str] = set()
+    first: dict[str, int] = {}
+    rows = []
+    for n, data, raw in records:
+        own = own_id(data, raw)
+        rid = str(own) if usable_id(own) and str(own) not in taken else None
+        error = None
+        if rid is None and usable_id(own):  # a duplicate: the earlier row keeps the id
+            error = RowError(n, "id", f"duplicate id {str(own)!r} (first used by row {first[str(own)]})")
+        if rid is None:
+            rid = _fresh_id(n, given | taken, plain=own is None and not {"input_line", "input"} & set(raw))
+        taken.add(rid)
+        first.setdefault(rid, n)
+        if isinstance(data, RowError):
+            error = error or data
+        try:
+            if error is not None:
+                raise error
+            row = _check_row(n, rid, data)
+        except RowError as e:
+            row = _failed_row(n, rid, raw, str(e))
+        row.given_id = own
+        row.raw = {k: v for k, v in raw.items() if k in ROW_FIELDS or k in ("input_line", "input")}
+        rows.append(row)
+    return rows
+
+
+def _fresh_id(n: int, taken: set[str], plain: bool) -> str:
+    """An id no row gives: the line number for a row without one (text lines, JSONL without an id),
+    else row-N; then row-N-2, row-N-3, ... while taken."""
+    for candidate in ([str(n)] if plain else []) + [f"row-{n}"] + [f"row-{n}-{k}" for k in range(2, len(taken) + 3)]:
+        if candidate not in taken:
+            return candidate
+    raise AssertionError("unreachable: more candidates than taken ids")
+
+
+def _failed_row(n: int, rid: str, raw: dict, error: str) -> PromptRow:
+    """A row that failed its checks: its text, scene and system kept (what is not valid Unicode
+    written as escapes); the other fields stay in raw."""
+    kept = {k: raw[k].encode("utf-8", "backslashreplace").decode("utf-8") for k in ("text", "scene", "system")
+            if isinstance(raw.get(k), str)}
+    return PromptRow(row=n, id=rid, error=error, **kept)
+
+
+def _stderr_warning(message: str) -> None:
+    print(f"omni: warning: {message}", file=sys.stderr, flush=True)

@@ -31,7 +31,7 @@ import ray.data
 from omni_cli.errors import OmniError
 from omni_cli.folder import row_intact
 from omni_cli.job_io import LocalIO
-from omni_cli.output import OutputWriter
+from omni_cli.output import OutputWriter, StdoutLines
 from omni_cli.ray_actor import OmniActor, RowSource
 from omni_cli.signals import SignalGuard, exit_code
 
@@ -52,7 +52,7 @@ def run_ray(opts, actors: int | None = None, actor_cpus: float | None = None, ac
     t0 = time.perf_counter()
     if opts.shard is not None or opts.devices is not None:
         raise OmniError("--ray excludes --shard and --devices: Ray places the rows")
-    config, rows = check_job(opts)
+    config, rows, info = check_job(opts)
     out = Path(opts.out)
     with SignalGuard() as guard:  # the first SIGINT/SIGTERM: Ray's finished rows kept, the rest interrupted
         lock = prepare_out_dir(out, opts.overwrite, opts.resume)
@@ -60,6 +60,7 @@ def run_ray(opts, actors: int | None = None, actor_cpus: float | None = None, ac
             _check_state(out, opts)
             LocalIO().clear_temporaries(out)
             job = _Job(opts, config, rows, out, batch_rows, guard)
+            job.prompt_info = info
             job.run(actors, actor_cpus, actor_gpus)
             return job.finish(t0)
         except KeyboardInterrupt as e:  # before the job started: nothing to record
@@ -82,6 +83,7 @@ def _check_state(out: Path, opts) -> None:
 class _Job:
     def __init__(self, opts, config, rows: list, out: Path, batch_rows: int | None, guard: SignalGuard):
         self.opts, self.config, self.rows, self.out, self.guard = opts, config, rows, out, guard
+        self.prompt_info: dict = {}  # the prompt file's identity (run.json: prompts)
         self.todo = [r for r in rows if r.error is None]  # the others failed the checks: the driver records them
         self.old_parts = set(_parts(out))  # earlier jobs' lines
         self.per_call = batch_rows or BATCHES_PER_SLOTS * config.max_batch_size
@@ -164,6 +166,7 @@ class _Job:
             code = EXIT_RUN_FAILED
         else:
             code = EXIT_OK if ok == len(self.rows) else EXIT_ROWS_FAILED
+        stdout = StdoutLines() if self.opts.jsonl_stdout else None
         for row in sorted(lines):  # this run's lines: all but an earlier job's, as one process keeps those
             if not found.get(row, ("", True))[1]:
                 continue
@@ -171,9 +174,8 @@ class _Job:
             if error:  # errors are printed even under --quiet, naming the row
                 where = "" if error.startswith(f"row {row}") else f"row {row} (id {recs[row].get('id')}): "
                 print(f"omni: {where}{error}", file=sys.stderr, flush=True)
-            if self.opts.jsonl_stdout:
-                sys.stdout.write(lines[row])
-        sys.stdout.flush()
+            if stdout is not None:
+                stdout(lines[row])
         wall = time.perf_counter() - t0
         self._record(list(recs.values()), ok, code, signum is not None, sum(not fresh for _, fresh in found.values()),
                      wall)
@@ -182,6 +184,8 @@ class _Job:
         if not self.opts.quiet:
             print(f"omni: {'interrupted: ' if signum else ''}{ok}/{len(self.rows)} rows ok in {wall:.1f}s on Ray",
                   file=sys.stderr, flush=True)
+        if stdout is not None and stdout.note():
+            print(f"omni: {stdout.note()}", file=sys.stderr, flush=True)
         return RunSummary(total=len(self.rows), ok=ok, failed=len(self.rows) - ok, interrupted=signum is not None,
                           exit_code=code)
 
@@ -213,7 +217,10 @@ class _Job:
         write_run_json(self.out, {
             "versions": versions(), "config": self.config.as_dict(), "device": "ray", "dtype": self.config.dtype,
             "command": {k: (str(v) if isinstance(v, Path) else v) for k, v in self.opts.__dict__.items()},
-            "totals": {"rows": len(self.rows), "ok": ok, "failed": len(self.rows) - ok, "interrupted": interrupted,
+            "prompts": self.prompt_info,
+            "totals": {"rows": len(self.rows), "ok": ok, "interrupted": interrupted,
+                       **{key: sum(rec.get("status") == status for rec in recs) for key, status in
+                          (("failed", "failed"), ("interrupted_rows", "interrupted"), ("skipped_rows", "skipped"))},
                        "frames": sum(rec.get("frames") or 0 for rec in recs),
                        "audio_s": round(sum(rec.get("duration_s") or 0.0 for rec in recs), 3),
                        "kept": kept,  # rows an earlier job committed, skipped by the checkpoint

@@ -19,10 +19,16 @@ from omni_cli.scheduler import Request
 
 
 def input_fields(r: PromptRow, system: str | None) -> dict:
-    """A failed row's input as the manifest keeps it, so that it can be fixed from there."""
+    """A failed row's input as the manifest keeps it, so that it can be fixed from there: its checked
+    fields, then any field it gave that did not pass (as given: a CSV cell's text), and the id it
+    gave where the manifest's differs."""
     refs = {k: getattr(r, k) for k in ("ref_audio", "ref_text", "voice") if getattr(r, k) is not None}
-    return {"text": r.text, "scene": r.scene, "system": r.system if system is None else system, "seed": r.seed,
-            **refs, **r.overrides, **({"chunk": r.chunk} if r.chunk is not None else {})}
+    typed = {"text": r.text, "scene": r.scene, "system": r.system if system is None else system, "seed": r.seed,
+             **refs, **r.overrides, **({"chunk": r.chunk} if r.chunk is not None else {})}
+    given = {k: v for k, v in r.raw.items() if k != "id" and typed.get(k) in (None, "")}
+    if r.given_id is not None and str(r.given_id) != r.id:
+        given["given_id"] = r.given_id
+    return typed | given
 
 
 def reference_record(r: PromptRow) -> dict | None:
@@ -37,8 +43,8 @@ class RowResults:
     def __init__(self, writer: OutputWriter, progress: Progress, real_code_mask, quiet: bool):
         self.writer, self.progress, self.quiet = writer, progress, quiet
         self._real_code_mask = real_code_mask  # the family's: tokens [T, C] -> bool
-        self.ok = self.failed = 0
-        self.unfinished = 0  # of the failed: rows interrupted or skipped, not failed by themselves
+        self.ok = self.failed = 0  # failed: rows that failed on their own
+        self.interrupted = self.skipped = 0  # rows a signal or --max-failures stopped first
         self.write_busy: list[float] = []  # seconds per row written, on the writer threads
         self._lock = threading.Lock()
         self.rows: dict[str, tuple] = {}  # request id -> (its prompt row, its system prompt, ...)
@@ -47,10 +53,11 @@ class RowResults:
         """A row that did not come out: failed (an error of its own) or, after the run stopped,
         interrupted / skipped / failed with the run's error. Printed even under --quiet (errors only)."""
         with self._lock:
-            self.failed += 1
-            self.unfinished += status != "failed"
+            self.failed += status == "failed"
+            self.interrupted += status == "interrupted"
+            self.skipped += status == "skipped"
         self.writer.write_failed(row, rid, fields, error, status=status)
-        self.progress.row_done(0.0, ok=False)
+        self.progress.row_done(0.0, status)
         if status == "failed":
             self.progress.print_line(f"[red]omni: {escape(error)}[/red]")
 
@@ -69,19 +76,24 @@ class RowResults:
 
     def write_row(self, row: PromptRow, system: str, digest: str, seed: int, finish_reason: str, params,
                   tokens: np.ndarray, logprobs: np.ndarray, raw, samples, extra_meta: dict | None = None,
-                  extra_arrays: dict | None = None) -> None:
+                  extra_arrays: dict | None = None) -> bool:
         """One row's files and manifest row (or its failure): a request's, or a long row's chunks joined
-        (omni_cli/chunked.py: extra_meta and extra_arrays add its chunk fields and arrays)."""
+        (omni_cli/chunked.py: extra_meta and extra_arrays add its chunk fields and arrays). True: ok."""
         rid = row.id
         if isinstance(samples, Exception):
             self.fail(row.row, rid, input_fields(row, system),
                       f"row {row.row}: decoding its audio failed: {samples}")
-            return
+            return False
+        if len(samples) == 0:  # a 44-byte wav is no result: the row ended before its first whole frame
+            self.fail(row.row, rid, input_fields(row, system),
+                      f"row {row.row}: it generated no audio: its speech ended after {len(tokens)} frames, before "
+                      f"the first whole frame of audio (finish reason: {finish_reason})")
+            return False
         if not np.isfinite(logprobs).all():  # garbage, not a result: a sampling value past what float32 holds
             self.fail(row.row, rid, input_fields(row, system),
                       f"row {row.row}: its logprobs are not finite (NaN or infinite): a sampling value "
                       f"(temperature, repetition_penalty) outside what the model's arithmetic holds")
-            return
+            return False
         t_write = time.perf_counter()
         meta = {"row": row.row, "text": row.text, "scene": row.scene, "system": system, "seed": seed,
                 "finish_reason": finish_reason, **params.as_record(), "row_hash": digest,
@@ -94,8 +106,9 @@ class RowResults:
         except Exception as e:  # noqa: BLE001  (a full disk, a bad value: this row only)
             self.fail(row.row, rid, input_fields(row, system),
                       f"row {row.row}: writing its outputs failed: {type(e).__name__}: {e}")
-            return
+            return False
         with self._lock:
             self.ok += 1
             self.write_busy.append(time.perf_counter() - t_write)
-        self.progress.row_done(record["duration_s"], ok=True)
+        self.progress.row_done(record["duration_s"], "ok")
+        return True

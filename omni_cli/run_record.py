@@ -36,7 +36,9 @@ def run_record(opts, config, model, results, progress, audio, stats, interrupted
         "kv_slots": model.num_slots,
         "kv_budget": model.kv_budget,  # free memory and what was kept from it (CUDA), MiB
         "command": {k: (str(v) if isinstance(v, Path) else v) for k, v in opts.__dict__.items()},
+        # failed: rows that failed on their own; interrupted_rows, skipped_rows: rows stopped before they ran
         "totals": {"rows": progress.total, "ok": results.ok, "failed": results.failed, "interrupted": interrupted,
+                   "interrupted_rows": results.interrupted, "skipped_rows": results.skipped,
                    "frames": progress.frames, "audio_s": round(progress.audio_s, 3)},
         # generate_s: after the load and the warm-up (both startup), to the last file
         "timings": {"load_s": round(t["loaded"] - t["start"], 3), "warmup_s": round(warmup_s, 3),
@@ -76,8 +78,8 @@ def async_summary(enabled: bool, runner, stats) -> str:
     return f"omni: async decode on: query hit rate {rate} ({hits} hits, {misses} misses), {routed} steps routed to sync"
 
 
-def devices_record(opts, config, workers, progress, rows: int, ok: int, code: int, errors: list[str],
-                   t0: float) -> dict:
+def devices_record(opts, config, workers, progress, rows: int, statuses: dict[str, int], code: int,
+                   errors: list[str], t0: float) -> dict:
     """--devices' run.json (omni_cli/workers.py): the parent's totals, per device and per worker process."""
     import signal
     import time
@@ -96,7 +98,9 @@ def devices_record(opts, config, workers, progress, rows: int, ok: int, code: in
         "versions": versions(), "config": config.as_dict(), "device": list(opts.devices),
         "dtype": config.dtype, "kv_slots": [w["kv_slots"] for w in per_worker if w["kv_slots"] is not None],
         "command": {k: (str(v) if isinstance(v, Path) else v) for k, v in opts.__dict__.items()},
-        "totals": {"rows": rows, "ok": ok, "failed": rows - ok, "interrupted": code in (130, 143),
+        "totals": {"rows": rows, "ok": statuses.get("ok", 0), "failed": statuses.get("failed", 0),
+                   "interrupted": code in (130, 143), "interrupted_rows": statuses.get("interrupted", 0),
+                   "skipped_rows": statuses.get("skipped", 0),
                    "frames": progress.frames, "audio_s": round(progress.audio_s, 3),
                    # rows an earlier run finished (--resume): a rerun's kept rows are this run's
                    "kept": sum((w["totals"] or {}).get("kept", 0) for w in per_worker if w["attempt"] == 0),

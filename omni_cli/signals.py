@@ -48,8 +48,9 @@ class SignalGuard:
             signal.signal(s, h)
 
     def _handle(self, signum, frame) -> None:
-        if self.signum is not None:
-            os._exit(128 + signum)  # the second signal: at once, no cleanup (nothing on disk is half-written)
+        if self.signum is not None:  # the second signal: at once, no cleanup (nothing on disk is half-written)
+            show_cursor()  # the live display hid it; nothing else will show it again
+            os._exit(128 + signum)
         self.signum = signum
         if self.may_raise:
             raise Interrupted(signum)
@@ -57,3 +58,12 @@ class SignalGuard:
     @property
     def exit_code(self) -> int | None:
         return None if self.signum is None else 128 + self.signum
+
+
+def show_cursor() -> None:
+    """Show the terminal's cursor (rich's live display hides it while it draws)."""
+    try:
+        if os.isatty(2):
+            os.write(2, b"\x1b[?25h")
+    except OSError:
+        pass

@@ -6,6 +6,7 @@ instead of giving ``ref_audio``/``ref_text`` (omni_cli/voices.py reads and encod
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -35,6 +36,9 @@ def parse_bank(raw: object, source: Path, key: str = "voices") -> dict[str, Voic
         for field in ("audio", "text"):
             if not isinstance(entry.get(field), str) or not entry[field].strip():
                 raise ConfigError(source, f"{where}.{field}", "must be a non-empty string")
+        if re.match(r"^[A-Za-z][A-Za-z0-9+.-]*://", entry["audio"]):
+            raise ConfigError(source, f"{where}.audio", f"{entry['audio']!r} is a URL: omni reads local files; "
+                              "download the clip and give its path (relative to this file)")
         bank[name] = Voice((source.parent / Path(entry["audio"]).expanduser()).resolve(), entry["text"], name)
     return bank
 

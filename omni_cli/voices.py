@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import io
 import os
+import re
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -56,15 +57,35 @@ def read_clip(path: Path) -> Clip:
     try:
         samples, rate = sf.read(io.BytesIO(data), dtype="float32", always_2d=True)
     except Exception as e:  # noqa: BLE001  (libsndfile's errors: not audio, a format it lacks)
-        raise ValueError(f"{path}: not audio that soundfile reads ({e})") from None
+        why = re.sub(r"<_io\.BytesIO object at 0x[0-9a-fA-F]+>", "the file", str(e)).strip(" :") or "no known format"
+        raise ValueError(f"{path}: not audio that soundfile reads ({why})") from None
     if samples.shape[0] == 0:
         raise ValueError(f"{path}: the audio is empty")
+    if (cut := wav_truncated(data)) is not None:
+        raise ValueError(f"{path}: the file is cut short: {cut}")
     mono = samples.mean(axis=1, dtype=np.float32)  # downmix: the channels' mean
     if not np.isfinite(mono).all():
         raise ValueError(f"{path}: the audio holds NaN or infinite samples")
     if float(np.abs(mono).max()) < SILENT_PEAK:
         raise ValueError(f"{path}: the audio is silent (peak below {SILENT_PEAK:g})")
     return Clip(hashlib.sha256(data).hexdigest(), mono, int(rate))
+
+
+def wav_truncated(data: bytes) -> str | None:
+    """For a RIFF WAV file: what is missing where its data chunk's header promises more bytes than
+    the file holds (a copy cut short: soundfile reads what is there without a word); else None."""
+    if len(data) < 12 or data[:4] != b"RIFF" or data[8:12] != b"WAVE":
+        return None
+    at = 12
+    while at + 8 <= len(data):
+        kind, size = data[at:at + 4], int.from_bytes(data[at + 4:at + 8], "little")
+        if kind == b"data":
+            held = len(data) - at - 8
+            if size != 0xFFFFFFFF and held < size:  # 0xFFFFFFFF: a stream's "unknown length"
+                return f"its header promises {size} bytes of audio, the file holds {held}"
+            return None
+        at += 8 + size + (size & 1)  # chunks are padded to an even size
+    return "it has no data chunk"
 
 
 def check_references(rows: list, bank: dict[str, Voice], base: Path) -> dict[str, Clip]:
@@ -201,10 +222,11 @@ def attach_references(rows: list, model, clips: dict[str, Clip]) -> EncodeStats:
     return stats
 
 
-def too_long(r, prompt, max_new_frames: int, max_seq_len: int, frame_rate: float) -> tuple[str, str]:
-    """(field, message) for a row whose reference makes its prompt and frames overflow the context."""
-    ref_frames = len(r.context[0].codes)
-    fixed = len(prompt) - ref_frames  # every position but the reference's own frames
+def too_long(r, prompt_len: int, ref_frames: int, max_new_frames: int, max_seq_len: int,
+             frame_rate: float) -> tuple[str, str]:
+    """(field, message) for a row whose reference (ref_frames codec frames in its prompt of
+    prompt_len positions) makes its prompt and frames overflow the context."""
+    fixed = prompt_len - ref_frames  # every position but the reference's own frames
     room = max_seq_len - max_new_frames - fixed
     field = "voice" if r.reference[0].name else "ref_audio"
     have = ref_frames / frame_rate

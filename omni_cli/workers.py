@@ -15,6 +15,7 @@ second one exits at once.
 
 from __future__ import annotations
 
+import collections
 import json
 import multiprocessing
 import os
@@ -127,6 +128,9 @@ class _ParentSignals:
         for w in self.workers:
             self.pass_on(w)
         if not first:
+            from omni_cli.signals import show_cursor
+
+            show_cursor()
             os._exit(128 + signum)
 
     def pass_on(self, w: Worker) -> None:
@@ -145,8 +149,9 @@ def run_devices(opts):
     t0 = time.perf_counter()
     if opts.shard is not None:
         raise OmniError("--devices and --shard exclude each other: --devices shares the rows out itself")
-    config, rows = check_job(opts)
+    config, rows, info = check_job(opts)
     supervisor = _Supervisor(opts, config, rows)
+    supervisor.prompt_info = info
     with _ParentSignals(supervisor.workers) as sig:
         lock = prepare_out_dir(opts.out, opts.overwrite, opts.resume)
         try:
@@ -161,6 +166,7 @@ class _Supervisor:
 
     def __init__(self, opts, config, rows: list):
         self.opts, self.config, self.rows = opts, config, rows
+        self.prompt_info: dict = {}  # the prompt file's identity (run.json: prompts)
         n = len(opts.devices)
         self.shares = [[r for r in rows if shard_of(r.id, n) == i] for i in range(n)]
         self.workers: list[Worker] = []
@@ -172,12 +178,14 @@ class _Supervisor:
 
     def run(self, sig: _ParentSignals, t0: float):
         from omni_cli.device_progress import DeviceProgress
-        from omni_cli.generate import _stdout_line, nothing_ran
+        from omni_cli.generate import nothing_ran
+        from omni_cli.output import StdoutLines
 
         self.sig = sig
         path = self.opts.out / "metadata.jsonl"
         created = not path.exists()
-        self.manifest = ParentManifest(self.opts.out, self.opts.fmt, _stdout_line if self.opts.jsonl_stdout else None)
+        self.stdout = StdoutLines() if self.opts.jsonl_stdout else None
+        self.manifest = ParentManifest(self.opts.out, self.opts.fmt, self.stdout)
         self.progress = DeviceProgress(len(self.rows), self.opts.quiet, self.opts.devices)
         with self.progress:
             self._loop()
@@ -248,7 +256,7 @@ class _Supervisor:
                 if row not in self.counted:
                     self.counted.add(row)
                     rec = json.loads(line)
-                    self.progress.device_row(w.slot, rec.get("duration_s") or 0.0, rec.get("status") == "ok")
+                    self.progress.device_row(w.slot, rec.get("duration_s") or 0.0, rec.get("status") or "failed")
             elif kind == "steps":
                 self.progress.worker_steps(w.spec.serial, w.slot, msg[1])
             elif kind == "print":
@@ -311,7 +319,8 @@ class _Supervisor:
         from omni_cli.run_record import devices_record
 
         lines = [json.loads(line) for line in self.manifest.lines().values()]
-        ok = sum(rec.get("status") == "ok" for rec in lines)
+        statuses = collections.Counter(rec.get("status") for rec in lines)
+        ok = statuses["ok"]
         rows, sig = len(self.rows), self.sig.signum
         run_failed = self.lost or any(w.end is not None and w.end[2] == EXIT_RUN_FAILED for w in self.workers)
         if sig is not None:
@@ -322,9 +331,11 @@ class _Supervisor:
             code = EXIT_ROWS_FAILED if ok < rows else EXIT_OK
         faults = [((w.end[1].get("totals") or {}).get("run_error")) for w in self.workers if w.ended("done")]
         errors = list(dict.fromkeys([*self.lost.values(), *filter(None, faults)]))
-        write_run_json(self.opts.out, devices_record(self.opts, self.config, self.workers, self.progress, rows, ok,
-                                                     code, errors, t0))
+        record = devices_record(self.opts, self.config, self.workers, self.progress, rows, statuses, code, errors, t0)
+        write_run_json(self.opts.out, record | {"prompts": self.prompt_info})
         if not self.opts.quiet:
             for line in self.progress.device_lines():
                 self.progress.print_line(f"omni: {line}")
-        return RunSummary(total=rows, ok=ok, failed=rows - ok, interrupted=sig is not None, exit_code=code)
+        if self.stdout is not None and self.stdout.note():
+            self.progress.print_line(f"omni: {self.stdout.note()}")
+        return RunSummary(total=rows, ok=ok, failed=statuses["failed"], interrupted=sig is not None, exit_code=code)

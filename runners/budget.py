@@ -15,7 +15,7 @@ import torch
 
 from .attention import KVCache
 from .batch import ForwardBatch
-from .device import RUNTIME_SLACK_BYTES, free_memory, kv_slots_within, peak_bytes
+from .device import RUNTIME_SLACK_BYTES, free_memory, host_available, kv_slots_within, peak_bytes
 from .engine import DETERMINISTIC_SHAPES, Engine
 from .errors import OmniError
 
@@ -59,7 +59,7 @@ def kv_slots(spec, kv_shape: KVShape, model: torch.nn.Module, codec_call_bytes: 
     where there is no budget (the CPU)."""
     per_slot = kv_shape.slot_bytes(spec.max_seq_len, spec.dtype)
     if free_memory(spec.device) is None:
-        return spec.max_batch_size, None
+        return host_slots(spec, per_slot), None
     t0 = time.perf_counter()
     prefill = widest_prefill_bytes(spec, kv_shape, model)
     measured_s = time.perf_counter() - t0  # a cold process compiles the prefill's kernels here
@@ -75,6 +75,21 @@ def kv_slots(spec, kv_shape: KVShape, model: torch.nn.Module, codec_call_bytes: 
     return slots, {"free_mib": mib(free), "kv_slot_mib": mib(per_slot), "prefill_peak_mib": mib(prefill),
                    "codec_mib": mib(codec_call_bytes), "slack_mib": mib(RUNTIME_SLACK_BYTES),
                    "kv_mib": mib(per_slot * (slots + 1)), "prefill_measured_in_s": round(measured_s, 3)}
+
+
+def host_slots(spec, per_slot: int) -> int:
+    """The CPU's slots: max_batch_size, or as many as half the host's available memory holds (the
+    rest: activations, the codec, the process), so a large max_batch_size or max_seq_len is refused
+    or cut down here rather than by the kernel's out-of-memory killer."""
+    available = host_available()
+    if available is None:
+        return spec.max_batch_size
+    slots = min(spec.max_batch_size, available // 2 // per_slot - 1)
+    if slots < 1:
+        raise OmniError(f"{spec.source}: one request's KV cache at max_seq_len {spec.max_seq_len} takes "
+                        f"{per_slot / 2**30:.1f} GiB, more than half of the {available / 2**30:.1f} GiB of host memory "
+                        "available: lower max_seq_len")
+    return slots
 
 
 def widest_prefill_bytes(spec, kv_shape: KVShape, model: torch.nn.Module) -> int:

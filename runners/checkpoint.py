@@ -74,6 +74,20 @@ def resolve_folder(spec: str, what: str, pth: bool = False) -> Path:
         raise OmniError(f"{what} {spec!r}: not a local folder, and the hub download failed: {e}") from None
 
 
+def resolve_meta(spec: str, what: str) -> Path:
+    """A local folder as it is; a hub id's metadata only (configs, tokenizer, chat template: no weights)."""
+    local = Path(spec)
+    if local.is_dir():
+        return local
+    repo, revision = parse_hub_id(spec)
+    try:
+        from huggingface_hub import snapshot_download
+
+        return Path(snapshot_download(repo, revision=revision, allow_patterns=META_PATTERNS))
+    except Exception as e:  # offline, unknown repo, auth: all are the user's to fix
+        raise OmniError(f"{what} {spec!r}: not a local folder, and the hub download failed: {e}") from None
+
+
 def resolve_file(spec: str, name: str, what: str) -> Path:
     """One file of a local folder or a hub repository (only that file is downloaded)."""
     local = Path(spec)

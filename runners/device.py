@@ -171,6 +171,18 @@ def free_memory(device: torch.device) -> int | None:
     return torch.cuda.mem_get_info(device)[0]
 
 
+def host_available() -> int | None:
+    """Bytes of host memory the kernel can still hand out (Linux's MemAvailable); None elsewhere."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
 @contextlib.contextmanager
 def priority_stream(device: torch.device):
     """Run the enclosed device work on a stream of the highest priority (CUDA; elsewhere a no-op).

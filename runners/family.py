@@ -65,6 +65,8 @@ class FamilyLimits:
     num_streams: int  # sampled entries a frame
     vocab_size: int  # entries a stream samples from, control ids included
     control_ids: tuple[int, ...]  # ids the model forces itself (Higgs: stream BOS/EOS), never suppressed
+    min_audio_frames: int = 1  # the fewest generated frames that hold one frame of audio (Higgs: its delay ramp)
+    max_positions: int | None = None  # the longest context the checkpoint names (max_position_embeddings)
 
 
 @dataclass(frozen=True)
@@ -90,6 +92,27 @@ class PromptFieldError(ValueError):
     def __init__(self, field: str, message: str):
         super().__init__(field, message)
         self.field, self.message = field, message
+
+
+class Prompter(Protocol):
+    """A family's prompt building, from its checkpoint's config and tokenizer alone (no weights):
+    what the loaded family renders and tokenizes with, and what validation checks rows with
+    before anything loads."""
+
+    sample_rate: int  # the codec's audio samples a second (reference clips are resampled to it)
+    frame_rate: float  # codec frames a second
+    num_streams: int  # codes a frame
+
+    def render_prompt(self, text: str, system: str, scene: str | None,
+                      context: tuple[AudioTurn, ...] = ()) -> RenderedPrompt:
+        """As ModelFamily.render_prompt."""
+
+    def encode_prompts(self, rendered: list[RenderedPrompt]) -> list[PromptInput]:
+        """As ModelFamily.encode_prompts."""
+
+    def reference_frames(self, samples: int) -> int:
+        """Codec frames that encoding a clip of this many samples (at sample_rate) gives; 0 where it
+        is too short to encode."""
 
 
 class RowCodec(Protocol):
@@ -159,6 +182,11 @@ class ModelFamily(abc.ABC):
     def loop_stream(self) -> contextlib.AbstractContextManager:
         """Where the decode loop runs: a stream of the highest priority on CUDA, ahead of the codec's."""
         return priority_stream(self.runner.device)
+
+    @classmethod
+    def prompter(cls, checkpoint: str, codec: str) -> Prompter | None:
+        """Prompt building without weights (validation); None where the family has none."""
+        return None
 
     @abc.abstractmethod
     def render_prompt(self, text: str, system: str, scene: str | None,

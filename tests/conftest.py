@@ -16,7 +16,14 @@ REPO = Path(__file__).resolve().parent.parent
 TINY = REPO / "configs" / "tiny-higgs-audio-v2"
 
 
+@pytest.hookimpl(trylast=True)  # after -k / -m deselection: start only the selected checks
 def pytest_collection_modifyitems(config, items):
+    # the interpreter's kernel checks run on a background thread from now on; their tests go last
+    from tests import background
+
+    interp = [item for item in items if item.originalname == "test_kernels_in_interpreter"]
+    items[:] = [item for item in items if item not in interp] + interp
+    background.start([item.callspec.params["script"] for item in interp])
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs a CUDA device (CI has none; run on the device)")
@@ -67,7 +74,7 @@ def write_jsonl(path: Path, rows: list[dict]) -> Path:
 
 
 # one prompt file that several modules run (test_resume, test_devices, test_ray): rows of several lengths
-JOB_ROWS = [{"id": f"r{i}", "text": f"row number {i} says" + " more" * (i % 4), "max_new_frames": 6 + (i * 5) % 17}
+JOB_ROWS = [{"id": f"r{i}", "text": f"row number {i} says" + " more" * (i % 4), "max_new_frames": 9 + (i * 5) % 17}
             for i in range(12)]
 JOB_FLAGS = ("--deterministic", "--seed", "3", "--max-batch-size", "4", "-q")
 

@@ -27,6 +27,26 @@ def _patch_interpreter_scalars() -> None:
     interp._patch_lang_tensor = patched
 
 
+def _patch_interpreter_dot() -> None:
+    # the interpreter's tl.dot is numpy's float32 matmul, whose BLAS picks its blocking (and so its
+    # rounding) from the tile's shape: the GPU's tensor cores add a row's products in k order
+    # whatever the tile. Emulate that: each tile's sum in k order from zero, then added to the
+    # accumulator (so a different k step still rounds differently, as the negative control needs).
+    import numpy as np
+
+    def dot(self, a, b, d, input_precision, max_num_imprecise_acc):
+        if a.data.dtype != np.float32 or b.data.dtype != np.float32:
+            return orig(self, a, b, d, input_precision, max_num_imprecise_acc)
+        x, y = a.data, b.data  # [M, K] @ [K, N] (a leading batch dim too)
+        tile = np.zeros(x.shape[:-1] + y.shape[-1:], dtype=np.float32)
+        for k in range(x.shape[-1]):
+            tile += x[..., :, k:k + 1] * y[..., k:k + 1, :]
+        return interp.TensorHandle((tile + d.data).astype(d.data.dtype), d.dtype.scalar)
+
+    orig = interp.InterpreterBuilder.create_dot
+    interp.InterpreterBuilder.create_dot = dot
+
+
 def _reference(q, kc, vc, slots, lengths):
     """Plain attention per row over its own keys, in float64. q [B, H, 1, D]."""
     b, h, _, d = q.shape

@@ -22,7 +22,7 @@ import sys
 
 import torch
 
-from tests.interpret_decode_attention import _patch_interpreter_scalars
+from tests.interpret_decode_attention import _patch_interpreter_dot, _patch_interpreter_scalars
 
 LENS = [5, 9, 3, 12, 7, 4, 10, 6]
 STEPS = 7  # decode steps: rows reach 10..19 keys, some past one 16-key block
@@ -75,6 +75,7 @@ def differing(model, cfg, lens: list[int], steps: int, sizes) -> int:
 
 def main() -> int:
     _patch_interpreter_scalars()
+    _patch_interpreter_dot()
     import omni_cli.runners.attention as attention
     import omni_cli.runners.cuda_graphs as cuda_graphs
     import omni_cli.runners.decode_attention as decode_attention

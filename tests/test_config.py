@@ -36,7 +36,7 @@ def test_shipped_configs_load():
         ("temprature: 1.0\n", "temprature", "unknown key"),
         ("max_batch_size: eight\n", "max_batch_size", "must be an integer"),
         ("max_batch_size: true\n", "max_batch_size", "must be an integer"),
-        ("max_seq_len: 0\n", "max_seq_len", ">= 1"),
+        ("max_seq_len: 0\n", "max_seq_len", "from 1 to"),
         ("dtype: float8\n", "dtype", "must be one of"),
         ("device: tpu\n", "device", "auto, cpu, cuda"),
         ("sampling:\n  top_p: 1.5\n", "sampling.top_p", "(0, 1]"),

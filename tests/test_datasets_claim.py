@@ -88,7 +88,7 @@ def test_datasets_4_and_later_without_torchcodec_refuse_the_folder(tmp_path):
     except (ImportError, OSError):
         pass
     prompts = write_jsonl(tmp_path / "p.jsonl", [{"id": "a", "text": "Hello there."}])
-    assert run_cli("generate", prompts, "-o", tmp_path / "out", "--max-new-frames", "8", "-q").exit_code == 0
+    assert run_cli("generate", prompts, "-o", tmp_path / "out", "--max-new-frames", "9", "-q").exit_code == 0
     with pytest.raises(Exception) as info:
         datasets.load_dataset("audiofolder", data_dir=str(tmp_path / "out"), split="train")
     chain, e = [], info.value

@@ -3,13 +3,7 @@ masks and publish, the codec's Snake and residual units), checked on the CPU in 
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-
 import pytest
-
-from tests.conftest import REPO
 
 triton = pytest.importorskip("triton")
 
@@ -18,9 +12,9 @@ triton = pytest.importorskip("triton")
                                     "interpret_higgs_step", "interpret_fused_codec", "interpret_invariant_decode",
                                     "interpret_invariant_mm"])
 def test_kernels_in_interpreter(script):
-    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(REPO)}
-    res = subprocess.run([sys.executable, "-m", f"tests.{script}"], cwd=REPO, env=env,
-                         capture_output=True, text=True, timeout=300)
+    from tests import background
+
+    res = background.result(script)  # run on the background thread since collection (tests/background.py)
     assert res.returncode == 0, res.stdout + res.stderr[-3000:]
 
 

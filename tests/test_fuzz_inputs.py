@@ -17,7 +17,10 @@ from omni_cli.prompts import ROW_FIELDS, read_prompts
 from omni_cli.runners.sampling.params import FIELD_NAMES, SamplingParams, check_field
 
 FUZZ = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-values = st.recursive(st.none() | st.booleans() | st.integers(-2**70, 2**70) | st.floats(allow_nan=True)
+# integers of any size: past int32, int64 and float64's range (10**400), as typos make them
+integers = st.integers() | st.integers(min_value=2**31 - 2, max_value=2**31 + 2) | st.integers(min_value=10**18) \
+    | st.integers(max_value=-10**18) | st.integers(min_value=10**300, max_value=10**400)
+values = st.recursive(st.none() | st.booleans() | integers | st.floats(allow_nan=True)
                       | st.text(max_size=12), lambda inner: st.lists(inner, max_size=3), max_leaves=4)
 rows = st.dictionaries(st.sampled_from(ROW_FIELDS + ("colour",)), values, max_size=6)
 ERROR = re.compile(r"^row (\d+)(, field '(.*?)')?: .+", re.S)
@@ -78,6 +81,38 @@ def test_a_field_is_accepted_as_a_value_the_sampler_can_run_or_refused(name, val
     params = SamplingParams().with_overrides(**{name: got})  # accepted: finite and in range
     for v in params.as_record().values():
         assert all(isinstance(x, int) for x in v) if isinstance(v, list) else v == v and abs(v) < float("inf")
+
+
+NUMERIC_FLAGS = {"temperature": float, "top_p": float, "min_p": float, "repetition_penalty": float, "top_k": int,
+                 "ras_win_len": int, "ras_win_max_num_repeat": int, "max_new_frames": int, "min_new_frames": int,
+                 "max_batch_size": int, "max_failures": int, "chunk_buffer": int, "seed": int}
+
+
+@FUZZ
+@given(st.sampled_from(sorted(NUMERIC_FLAGS)), integers | st.floats(allow_nan=True))
+def test_any_number_in_any_flag_is_taken_or_refused_naming_it(name, value):
+    """What Typer hands a flag (an int of any size, or a float for a float flag) is refused naming the
+    flag before anything loads, or taken as a value the device holds."""
+    from pathlib import Path
+
+    from omni_cli.generate import GenerateOptions
+    from omni_cli.job_settings import check_flags
+    from omni_cli.runners.family import family_class
+    from omni_cli.runners.sampling.params import INT_MAX
+    from omni_cli.validate import check_run
+
+    if NUMERIC_FLAGS[name] is int and not isinstance(value, int):
+        return
+    opts = GenerateOptions(prompts="-", out=Path("."), **{name: value})
+    try:
+        config, params = check_flags(opts)
+        check_run([], params, config, family_class(config.family).limits(config.checkpoint), opts.fmt)
+    except OmniError as e:
+        assert f"--{name.replace('_', '-')}" in str(e) or name == "min_new_frames" and "--max-new-frames" in str(e)
+        return
+    for v in params.as_record().values():
+        assert all(0 <= x <= INT_MAX for x in v) if isinstance(v, list) else v == v and abs(v) <= INT_MAX
+    assert 1 <= config.max_batch_size <= 2**16
 
 
 @FUZZ

@@ -60,6 +60,6 @@ def test_generate_refuses_when_not_one_request_fits(tmp_path, monkeypatch):
     _patch_free(monkeypatch, 1 << 20)
     cfg = write_config(tmp_path / "m.yaml", TINY, max_seq_len=256)
     prompts = write_jsonl(tmp_path / "p.jsonl", [{"id": "a", "text": "Hello."}])
-    res = run_cli("generate", prompts, "-o", tmp_path / "out", "--model", cfg)
+    res = run_cli("generate", prompts, "-o", tmp_path / "out", "--model", cfg, "--max-new-frames", "12")
     assert res.exit_code == 2
     assert "not enough free memory" in res.output and "lower max_seq_len" in res.output

@@ -294,8 +294,8 @@ def test_verify_regenerates_long_rows(runs):
 
 def test_interrupted_mid_row_then_resume_is_byte_identical(runs, tmp_path, monkeypatch):
     """Ctrl-C once chunk 3 of the long row has finished: the row is recorded interrupted (no
-    files), the rows done are kept; --resume redoes the long row from its first chunk, and the
-    folder's files equal an uninterrupted run's."""
+    files), its finished chunks are kept (.chunks/long/), the rows done are kept; --resume goes on
+    from the first chunk not kept, and the folder's files equal an uninterrupted run's."""
     from omni_cli.chunked import ChunkedRows
 
     real = ChunkedRows.finished
@@ -314,10 +314,22 @@ def test_interrupted_mid_row_then_resume_is_byte_identical(runs, tmp_path, monke
         assert run_cli(*cmd).exit_code == 130
     m = {r["id"]: r for r in read_manifest(out)}
     assert m["long"]["status"] == "interrupted" and not (out / "audio/long.wav").exists()
+    kept = sorted(p.name for p in (out / ".chunks" / "long").glob("[0-9]*.npz"))
+    assert kept[:3] == ["0.npz", "1.npz", "2.npz"], kept
+    queued = []
+    real_request = ChunkedRows._request
+
+    def request(self, lr, k, prompt):
+        queued.append(k)
+        return real_request(self, lr, k, prompt)
+
+    monkeypatch.setattr(ChunkedRows, "_request", request)
     res = run_cli(*cmd, "--resume")
     assert res.exit_code == 0, res.output
+    assert queued and min(queued) == len(kept)  # the kept chunks were not generated again
     for r in [LONG] + OTHERS:
         assert _files(out, r["id"]) == _files(runs["b4"], r["id"]), r["id"]
+    assert not (out / ".chunks" / "long").exists()  # the row written: its chunks go
 
 
 def test_chunk_field_and_flags_are_validated(tmp_path):

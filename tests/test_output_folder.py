@@ -10,18 +10,18 @@ import pytest
 
 from tests.conftest import read_manifest, run_cli, write_jsonl
 
-FAST = ("--max-new-frames", "6", "--seed", "1", "-q")
+FAST = ("--max-new-frames", "9", "--seed", "1", "-q")
 
 
 @pytest.fixture
 def no_load(monkeypatch):
     """A run that reaches the model load fails the test: these problems must be found before it."""
-    from omni_cli import generate
+    from omni_cli.job_io import LocalIO
 
     def refuse(*a, **k):
         raise AssertionError("the model family was loaded")
 
-    monkeypatch.setattr(generate, "family_class", refuse)
+    monkeypatch.setattr(LocalIO, "load", refuse)
 
 
 def test_a_second_run_into_a_locked_folder_is_refused(tmp_path, no_load):

@@ -93,7 +93,7 @@ def test_second_sigterm_exits_at_once_without_corrupting_files(reference, tmp_pa
 
 
 def test_resume_redoes_changed_and_damaged_rows_only(tmp_path):
-    rows = [{"id": f"a{i}", "text": f"short row {i}", "max_new_frames": 6} for i in range(4)]
+    rows = [{"id": f"a{i}", "text": f"short row {i}", "max_new_frames": 9} for i in range(4)]
     prompts = write_jsonl(tmp_path / "p.jsonl", rows)
     out = tmp_path / "out"
     flags = ("--deterministic", "--seed", "5", "-q")

@@ -9,7 +9,7 @@ import numpy as np
 
 from tests.conftest import read_manifest, run_cli, write_jsonl
 
-FAST = ("--max-new-frames", "6", "--seed", "1")
+FAST = ("--max-new-frames", "9", "--seed", "1")
 
 
 def strict_rows(out) -> list[dict]:
@@ -180,7 +180,7 @@ def test_stdin_to_jsonl_stdout_pipeline(tmp_path):
     out = tmp_path / "out"
     parse = "import json,sys; [print(json.loads(l, parse_constant=lambda c: 1/0)['id']) for l in sys.stdin]"
     cmd = (f"cat {prompts} | {sys.executable} -m omni_cli generate - -o {out} --jsonl-stdout "
-           f"--max-new-frames 6 --seed 1 | tee {tmp_path / 'stdout'} | {sys.executable} -c \"{parse}\"")
+           f"--max-new-frames 9 --seed 1 | tee {tmp_path / 'stdout'} | {sys.executable} -c \"{parse}\"")
     res = subprocess.run(["bash", "-o", "pipefail", "-c", cmd], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert res.returncode == 1, res.stderr  # the bad row failed; the pipeline's status is omni's
     assert sorted(res.stdout.split()) == sorted([f"r{i}" for i in range(5)] + ["bad"])

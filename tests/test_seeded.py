@@ -125,14 +125,14 @@ def test_verify_passes_then_catches_tampering(tmp_path):
 
 
 @pytest.mark.parametrize("field, value, message", [
-    ("temperature", -0.5, ">= 0"), ("top_p", 0, "(0, 1]"), ("top_p", 1.01, "(0, 1]"), ("top_k", -1, ">= 0"),
+    ("temperature", -0.5, ">= 0"), ("top_p", 0, "(0, 1]"), ("top_p", 1.01, "(0, 1]"), ("top_k", -1, "from 0"),
     ("min_p", 1.0, "[0, 1)"), ("min_p", -0.1, "[0, 1)"), ("repetition_penalty", 0, "> 0"),
-    ("repetition_penalty", -1.0, "> 0"), ("ras_win_len", -2, ">= 0"), ("suppress_tokens", [1, "x"], "token ids"),
+    ("repetition_penalty", -1.0, "> 0"), ("ras_win_len", -2, "from 0"), ("suppress_tokens", [1, "x"], "token ids"),
     ("min_new_frames", 500, "exceeds max_new_frames"),
 ])
 def test_invalid_values_name_row_and_field(tmp_path, field, value, message):
     prompts = write_jsonl(tmp_path / "p.jsonl", [{"id": "ok", "text": "fine"}, {"id": "bad", "text": "x", field: value}])
-    res = run_cli("generate", prompts, "-o", tmp_path / "o", "-q", "--max-new-frames", "8")
+    res = run_cli("generate", prompts, "-o", tmp_path / "o", "-q", "--max-new-frames", "9")
     assert res.exit_code == 1
     bad = [m for m in read_manifest(tmp_path / "o") if m["id"] == "bad"][0]
     assert bad["status"] == "failed"

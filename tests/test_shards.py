@@ -16,7 +16,7 @@ import pytest
 from tests.conftest import read_manifest, run_cli, write_jsonl
 
 N = 3
-FLAGS = ("--deterministic", "--seed", "5", "--max-new-frames", "8")
+FLAGS = ("--deterministic", "--seed", "5", "--max-new-frames", "9")
 
 
 def formula(rid: str, n: int) -> int:
@@ -25,7 +25,7 @@ def formula(rid: str, n: int) -> int:
 
 def _rows() -> list[dict]:
     rows = [{"id": f"utt-{i:03d}", "text": "word " * (1 + i % 5) + "end."} for i in range(10)]
-    rows[3]["max_new_frames"] = 5  # a row's own fields travel with it
+    rows[3]["max_new_frames"] = 9  # a row's own fields travel with it
     rows.insert(5, {"id": "bad-row", "text": ""})  # fails validation: still in its shard's manifest
     rows.insert(7, {"text": "No id: the line number is its id."})
     return rows
@@ -162,7 +162,7 @@ def test_merge_refuses_what_is_not_one_job(runs, tmp_path):
     other = write_jsonl(tmp_path / "other.jsonl", [{"id": "zzz", "text": "Another file."}])
     run_cli("generate", other, "-o", tmp_path / "o", *FLAGS, "-q")
     res = run_cli("merge", runs["shards"][0], tmp_path / "o", "-o", tmp_path / "m2")
-    assert res.exit_code == 2 and "prompts differs" in res.output
+    assert res.exit_code == 2 and "prompt files differ" in res.output
     res = run_cli("merge", *runs["shards"], "-o", runs["all"])  # a folder holding results
     assert res.exit_code == 2 and "already holds results" in res.output
     res = run_cli("merge", runs["shards"][0], "-o", runs["shards"][0])
@@ -196,6 +196,43 @@ def test_merge_keeps_manifest_lines_byte_for_byte(tmp_path):
         (tmp_path / name).mkdir()
         (tmp_path / name / "metadata.jsonl").write_text(line, encoding="utf-8")
     res = run_cli("merge", tmp_path / "x", tmp_path / "y", "-o", tmp_path / "m")
-    assert res.exit_code == 0, res.output  # no run.json: the missing rows cannot be checked, a note says so
-    assert "not listed" in res.output
+    # no run.json: runs killed before their end, whose missing rows cannot be counted: merged, not clean
+    assert res.exit_code == 1, res.output
+    assert "cannot count" in res.output
     assert (tmp_path / "m" / "metadata.jsonl").read_text(encoding="utf-8") == lines[1] + lines[0]
+
+
+def test_merge_finds_the_rows_a_killed_shard_lost_wherever_it_runs(runs, tmp_path, monkeypatch):
+    """A shard SIGKILLed midway (no run.json, its later rows never written) merged with finished ones,
+    from another folder: the finished runs' record of the prompt file (absolute path, sha256, rows)
+    lists the missing rows while the file is readable and counts them once it is not."""
+    folders = [shutil.copytree(s, tmp_path / s.name) for s in runs["shards"]]
+    killed = folders[2]
+    (killed / "run.json").unlink()
+    lines = (killed / "metadata.jsonl").read_text().splitlines(keepends=True)
+    (killed / "metadata.jsonl").write_text(lines[0])
+    lost = [json.loads(line)["id"] for line in lines[1:]]
+    monkeypatch.chdir(tmp_path)
+    res = run_cli("merge", *folders, "-o", tmp_path / "m1")
+    assert res.exit_code == 1 and f"{len(lost)} missing rows" in res.output and all(r in res.output for r in lost)
+    for f in folders[:2]:  # the prompt file's record names a file this machine lacks
+        run = json.loads((f / "run.json").read_text())
+        run["prompts"]["path"] = "/nowhere/prompts.jsonl"
+        (f / "run.json").write_text(json.dumps(run))
+    res = run_cli("merge", *folders, "-o", tmp_path / "m2")
+    assert res.exit_code == 1 and f"{len(lost)} rows of the prompt file are in no folder" in res.output, res.output
+
+
+def test_merge_refuses_a_folder_a_live_run_holds(runs, tmp_path):
+    import fcntl
+    import os
+
+    live = shutil.copytree(runs["shards"][0], tmp_path / "live")
+    fd = os.open(live / ".omni.lock", os.O_RDWR | os.O_CREAT)
+    fcntl.flock(fd, fcntl.LOCK_EX)  # as a running omni holds it
+    try:
+        res = run_cli("merge", live, runs["shards"][1], "-o", tmp_path / "m")
+    finally:
+        os.close(fd)
+    assert res.exit_code == 2 and "in use by a running omni run" in res.output
+    assert not (tmp_path / "m").exists()

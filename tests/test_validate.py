@@ -62,7 +62,7 @@ def test_validate_reports_every_hostile_row_by_line_id_and_field_and_loads_nothi
 
 def test_generate_fails_hostile_rows_alone(tmp_path):
     out = tmp_path / "out"
-    res = run_cli("generate", _hostile_file(tmp_path), "-o", out, "-q", "--max-new-frames", "6", "--seed", "1")
+    res = run_cli("generate", _hostile_file(tmp_path), "-o", out, "-q", "--max-new-frames", "9", "--seed", "1")
     assert res.exit_code == 1, res.output
     rows = {m["id"]: m for m in read_manifest(out)}
     assert rows["ok1"]["status"] == rows["ok2"]["status"] == "ok"
@@ -86,7 +86,7 @@ def test_too_long_prompt_is_blamed_on_its_text(tmp_path):
     src = tmp_path / "p.jsonl"
     src.write_text(json.dumps({"id": "long", "text": "word " * 2000}) + "\n" + json.dumps({"id": "s", "text": "hi"}))
     out = tmp_path / "out"
-    res = run_cli("generate", src, "-o", out, "-q", "--max-new-frames", "4")
+    res = run_cli("generate", src, "-o", out, "-q", "--max-new-frames", "9")
     assert res.exit_code == 1
     rows = {m["id"]: m for m in read_manifest(out)}
     assert "field 'text'" in rows["long"]["error"] and rows["s"]["status"] == "ok"

@@ -35,7 +35,7 @@ def _run(runner, prompts, config, async_decode: bool) -> list[Request]:
 def test_warm_up_reaches_every_bucket_and_changes_no_output(tmp_path, eos_ckpt, async_decode):
     (warmed_model, config), (cold_model, _) = (_tiny_model(eos_ckpt, tmp_path, max_batch_size=6, deterministic=False)
                                                for _ in range(2))
-    warmed, cold, prompts = warmed_model.runner, cold_model.runner, warmed_model.prompts
+    warmed, cold, prompts = warmed_model.runner, cold_model.runner, warmed_model.prompts.builder
     for r in (warmed, cold):
         r.engine.use_graphs(capture=False)  # decode padded to row buckets, as CUDA graphs are
     # as omni generate passes them: the queue's first rows (more than the 6 slots here)

@@ -99,6 +99,19 @@ def codec_layout(folder: Path) -> tuple[str, dict]:
                       f"layout ({TRANSFORMERS!r}) or Boson's original; point 'codec' at one")
 
 
+def frame_config(path: Path) -> dict[str, Any]:
+    """What encoded_frames (encoder.py) reads, from a codec's config.json alone (validation, before
+    any weight is fetched): transformers' layout as it is; the original's rates and ratios, its
+    HuBERT taken as HuBERT base (the release's teacher)."""
+    raw = read_config(path)
+    if raw.get("model_type") == TRANSFORMERS or not all(k in raw for k in ORIGINAL_FIELDS):
+        return raw
+    return {"sample_rate": int(raw.get("sample_rate", 24000)),
+            "semantic_sample_rate": int(raw.get("semantic_sample_rate") or 16000),
+            "downsample_factor": SEMANTIC_DOWNSAMPLE,
+            "acoustic_model_config": {"downsampling_ratios": [int(r) for r in raw["ratios"]]}}
+
+
 def read_codec(folder: Path, prefixes: tuple[str, ...] | None = None) -> tuple[dict, dict[str, torch.Tensor]]:
     """(config, state) of a codec folder in either layout: the config as a transformers-layout
     config.json dict, the state under HiggsAudioV2TokenizerModel's key names (encoder side

@@ -29,7 +29,7 @@ import torch.nn.functional as F
 
 from ..checkpoint import fold_weight_norm, load_into
 from ..errors import ConfigError
-from ..resample import resample
+from ..resample import resample, resampled_length
 from .codec import DEFAULT_BANDWIDTHS, HIGGS_ACOUSTIC_DEFAULTS, Snake1d, _ResidualUnit, num_quantizers
 from .codec import _Quantizer as _DecodeQuantizer
 from .codec_layout import read_codec
@@ -45,6 +45,30 @@ SEMANTIC_PAD = 160  # samples at the semantic rate, each side (the reference's c
 PREFIXES = ("semantic_model.", "encoder_semantic.", "acoustic_encoder.", "fc.", "quantizer.")
 # tensors under those prefixes that encoding never reads (codebook training statistics, HuBERT's mask embedding)
 UNUSED = ("codebook.inited", "codebook.cluster_size", "codebook.embed_avg", "semantic_model.masked_spec_embed")
+
+
+# HubertConfig's feature extractor (HuBERT base's): a config that names none has these
+HUBERT_CONV_KERNEL = (10, 3, 3, 3, 3, 2, 2)
+HUBERT_CONV_STRIDE = (5, 2, 2, 2, 2, 2, 2)
+
+
+def encoded_frames(config: dict, samples: int) -> int:
+    """Codec frames HiggsCodecEncoder.encode gives a clip of `samples` at the codec's rate, from
+    its transformers-layout config alone (0: too short for HuBERT's convolutions). The semantic
+    branch sets the count: resampled, padded SEMANTIC_PAD each side, each feature convolution's
+    valid length in turn, then every semantic_downsample_factor-th frame."""
+    cfg = {**CODEC_DEFAULTS, **config}
+    sem = cfg.get("semantic_model_config") or {}
+    rate, semantic_rate = int(cfg["sample_rate"]), int(cfg["semantic_sample_rate"])
+    hop = int(np.prod([int(r) for r in (cfg.get("acoustic_model_config") or {}).get(
+        "downsampling_ratios", ACOUSTIC_DEFAULTS["downsampling_ratios"])]))
+    length = resampled_length(samples, rate, semantic_rate) + 2 * SEMANTIC_PAD if samples > 0 else 0
+    for kernel, stride in zip(sem.get("conv_kernel", HUBERT_CONV_KERNEL), sem.get("conv_stride", HUBERT_CONV_STRIDE)):
+        if length < kernel:
+            return 0
+        length = (length - kernel) // stride + 1
+    factor = int(hop / (rate / semantic_rate) / int(cfg["downsample_factor"]))
+    return -(-length // factor) if factor > 1 else length
 
 
 class _SemanticUnit(nn.Module):
@@ -265,19 +289,18 @@ class HiggsCodecEncoder(nn.Module):
     def encode(self, audio: list[np.ndarray]) -> list[np.ndarray]:
         """Mono float32 clips at sample_rate -> codes [frames, num_quantizers] int64 each.
 
-        Clips of one length share a forward; others run alone, never padded: HuBERT's group
-        norm takes statistics over the whole clip, so padding would change every frame."""
+        Each clip runs alone, never padded or batched: HuBERT's group norm takes statistics over
+        the whole clip, so padding would change every frame, and a batch of equal lengths rounds
+        differently from one clip on some CPUs' kernels, which would tie a voice's codes to
+        whatever was encoded beside it."""
         p = next(self.parameters())
-        out: list[np.ndarray | None] = [None] * len(audio)
-        by_length: dict[int, list[int]] = {}
+        out = []
         for i, clip in enumerate(audio):
             if clip.ndim != 1 or clip.size == 0:
                 raise ValueError(f"clip {i}: a non-empty mono clip [samples] is needed, got shape {clip.shape}")
-            by_length.setdefault(clip.size, []).append(i)
         with torch.inference_mode():
-            for idx in by_length.values():
-                batch = torch.from_numpy(np.stack([np.asarray(audio[i], dtype=np.float32) for i in idx]))
-                codes = self(batch[:, None, :].to(device=p.device, dtype=p.dtype)).cpu().numpy()
-                for i, c in zip(idx, codes):
-                    out[i] = np.ascontiguousarray(c.T, dtype=np.int64)
+            for clip in audio:
+                x = torch.from_numpy(np.asarray(clip, dtype=np.float32))[None, None, :]
+                codes = self(x.to(device=p.device, dtype=p.dtype)).cpu().numpy()[0]
+                out.append(np.ascontiguousarray(codes.T, dtype=np.int64))
         return out

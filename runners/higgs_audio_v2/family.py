@@ -11,16 +11,17 @@ import numpy as np
 import torch
 
 from ..budget import KVShape, build_engine
-from ..checkpoint import INDEX, PTH, SINGLE, resolve_file, resolve_folder, stream_into, weight_files
+from ..checkpoint import INDEX, PTH, SINGLE, resolve_file, resolve_folder, resolve_meta, stream_into, weight_files
 from ..codec_stage import CodecStage
 from ..family import AudioTurn, FamilyLimits, LoadSpec, ModelFamily, PromptFieldError, RenderedPrompt
 from ..prompt_input import PromptInput
 from .codec import HiggsCodecDecoder
+from .codec_layout import frame_config
 from .config import HiggsConfig
 from .encoder import HiggsCodecEncoder
 from .layouts import ORIGINAL, chat_template_fallback, lm_key, lm_layout, read_config
 from .model import HiggsAudioV2LM
-from .prompt import PromptBuilder
+from .prompt import HiggsPrompter, PromptBuilder
 from .runner import HiggsRunner
 
 # present in released checkpoints, unused for generation (as in transformers,
@@ -73,7 +74,7 @@ class HiggsCodec:
 
 
 class HiggsAudioV2(ModelFamily):
-    def __init__(self, cfg: HiggsConfig, runner: HiggsRunner, codec: HiggsCodec, prompts: PromptBuilder,
+    def __init__(self, cfg: HiggsConfig, runner: HiggsRunner, codec: HiggsCodec, prompts: HiggsPrompter,
                  device: torch.device):
         self.cfg = cfg
         self.runner = runner
@@ -115,9 +116,7 @@ class HiggsAudioV2(ModelFamily):
         laps("kv_budget_s")
         runner = HiggsRunner(engine, cfg, slots, spec.max_seq_len, spec.device, spec.raw_logprobs)
         laps("cache_s")
-        prompts = PromptBuilder(lm_dir, cfg.audio_bos_token_id, chat_template_fallback(lm_dir, cfg.layout),
-                                (cfg.audio_token_id, cfg.audio_delay_token_id, cfg.audio_stream_bos_id,
-                                 cfg.audio_stream_eos_id))
+        prompts = _prompter(lm_dir, cfg, codec_dir / "config.json")
         laps("tokenizer_s")
         family = cls(cfg, runner, codec, prompts, spec.device)
         family.kv_budget = budget
@@ -128,22 +127,30 @@ class HiggsAudioV2(ModelFamily):
     @classmethod
     def limits(cls, checkpoint: str) -> FamilyLimits:
         path = resolve_file(checkpoint, "config.json", "checkpoint")
-        if lm_layout(read_config(path), path) == ORIGINAL:  # its config is read with its tokenizer (layouts.py)
+        raw = read_config(path)
+        if lm_layout(raw, path) == ORIGINAL:  # its config is read with its tokenizer (layouts.py)
             resolve_file(checkpoint, "tokenizer.json", "checkpoint")
         cfg = HiggsConfig.from_file(path)
+        positions = (raw.get("text_config") or {}).get("max_position_embeddings") or raw.get("max_position_embeddings")
+        # the BOS frame, then num_codebooks - 1 frames of the delay ramp before codebook 0's first code is whole
         return FamilyLimits(num_streams=cfg.num_codebooks, vocab_size=cfg.codebook_size,
-                            control_ids=(cfg.audio_stream_bos_id, cfg.audio_stream_eos_id))
+                            control_ids=(cfg.audio_stream_bos_id, cfg.audio_stream_eos_id),
+                            min_audio_frames=cfg.num_codebooks + 1,
+                            max_positions=positions if isinstance(positions, int) else None)
+
+    @classmethod
+    def prompter(cls, checkpoint: str, codec: str) -> HiggsPrompter:
+        """The tokenizer, chat template and configs only: a hub id fetches no weights."""
+        lm_dir = resolve_meta(checkpoint, "checkpoint")
+        return _prompter(lm_dir, HiggsConfig.from_file(lm_dir / "config.json"),
+                         resolve_file(codec, "config.json", "codec"))
 
     def render_prompt(self, text: str, system: str, scene: str | None,
                       context: tuple[AudioTurn, ...] = ()) -> RenderedPrompt:
-        try:
-            rendered = self.prompts.render(text, system, scene, context)
-        except ValueError as e:
-            raise PromptFieldError(*e.args) from None
-        return RenderedPrompt(rendered, tuple(np.asarray(t.codes, dtype=np.int64) for t in context))
+        return self.prompts.render_prompt(text, system, scene, context)
 
     def encode_prompts(self, rendered: list[RenderedPrompt]) -> list[PromptInput]:
-        return self.prompts.encode_inputs([(r.text, r.audio) for r in rendered])
+        return self.prompts.encode_prompts(rendered)
 
     def encode_audio(self, clips: list[np.ndarray]) -> list[np.ndarray]:
         """Mono float32 clips at sample_rate -> codes [frames, num_streams] int64 each. The
@@ -168,6 +175,13 @@ class HiggsAudioV2(ModelFamily):
     def real_code_mask(self, tokens: np.ndarray) -> np.ndarray:
         """True where a sampled entry is an audio code, not stream BOS/EOS."""
         return (tokens != self.cfg.audio_stream_bos_id) & (tokens != self.cfg.audio_stream_eos_id)
+
+
+def _prompter(lm_dir: Path, cfg: HiggsConfig, codec_config: Path) -> HiggsPrompter:
+    builder = PromptBuilder(lm_dir, cfg.audio_bos_token_id, chat_template_fallback(lm_dir, cfg.layout),
+                            (cfg.audio_token_id, cfg.audio_delay_token_id, cfg.audio_stream_bos_id,
+                             cfg.audio_stream_eos_id))
+    return HiggsPrompter(builder, frame_config(codec_config), cfg.num_codebooks)
 
 
 def codec_digest(folder: Path) -> str:

@@ -20,7 +20,9 @@ import numpy as np
 
 from ..errors import OmniError
 from ..chat_template import ChatTokenizer
+from ..family import AudioTurn, PromptFieldError, RenderedPrompt
 from ..prompt_input import AudioSpan, PromptInput
+from .encoder import encoded_frames
 
 AUDIO_OUT = "<|AUDIO_OUT|>"  # the template's placeholder for an assistant turn's audio
 
@@ -118,3 +120,30 @@ class PromptBuilder:
             if not one or one[-1] != self.audio_bos_token_id:
                 raise OmniError("the checkpoint's chat template does not end its generation prompt in <|audio_out_bos|>")
         return ids
+
+
+class HiggsPrompter:
+    """Higgs's Prompter (runners/family.py): prompts from the tokenizer and chat template, and a
+    reference clip's frame count from the codec's config; the loaded family renders through it."""
+
+    def __init__(self, builder: PromptBuilder, codec_config: dict, num_streams: int):
+        self.builder = builder
+        self.codec_config = codec_config  # transformers' layout, or codec_layout.frame_config's part of it
+        self.sample_rate = int(codec_config.get("sample_rate", 24000))
+        ratios = (codec_config.get("acoustic_model_config") or {}).get("downsampling_ratios", [8, 5, 4, 2, 3])
+        self.frame_rate = self.sample_rate / int(np.prod([int(r) for r in ratios]))
+        self.num_streams = num_streams
+
+    def render_prompt(self, text: str, system: str, scene: str | None,
+                      context: tuple[AudioTurn, ...] = ()) -> RenderedPrompt:
+        try:
+            rendered = self.builder.render(text, system, scene, context)
+        except ValueError as e:
+            raise PromptFieldError(*e.args) from None
+        return RenderedPrompt(rendered, tuple(np.asarray(t.codes, dtype=np.int64) for t in context))
+
+    def encode_prompts(self, rendered: list[RenderedPrompt]) -> list[PromptInput]:
+        return self.builder.encode_inputs([(r.text, r.audio) for r in rendered])
+
+    def reference_frames(self, samples: int) -> int:
+        return encoded_frames(self.codec_config, samples)

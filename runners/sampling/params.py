@@ -64,62 +64,97 @@ def _is_number(v: Any) -> bool:
 # division or product overflow float32 (inf, then NaN logprobs) long before float64 would.
 MAX_TEMPERATURE = 100.0
 PENALTY_RANGE = (1e-2, 1e2)
+# every integer field reaches the device as a table entry; a kernel may read it as int32
+INT_MAX = 2**31 - 1
 
 # field -> (kind, valid range, what the message asks for); every number must also be finite
 _RULES: dict[str, tuple[type, Any, str]] = {
     "temperature": (float, lambda v: 0 <= v <= MAX_TEMPERATURE,
                     f"a number >= 0 and <= {MAX_TEMPERATURE:g} (0 means greedy)"),
-    "top_k": (int, lambda v: v >= 0, "an integer >= 0 (0 disables)"),
+    "top_k": (int, lambda v: 0 <= v <= INT_MAX, f"an integer from 0 to {INT_MAX} (0 disables)"),
     "top_p": (float, lambda v: 0 < v <= 1, "a number in (0, 1]"),
     "min_p": (float, lambda v: 0 <= v < 1, "a number in [0, 1)"),
     "repetition_penalty": (float, lambda v: PENALTY_RANGE[0] <= v <= PENALTY_RANGE[1],
                            f"a number > 0, from {PENALTY_RANGE[0]:g} to {PENALTY_RANGE[1]:g} (1 disables)"),
-    "ras_win_len": (int, lambda v: v >= 0, "an integer >= 0 (0 disables)"),
-    "ras_win_max_num_repeat": (int, lambda v: v >= 1, "an integer >= 1"),
-    "max_new_frames": (int, lambda v: v >= 1, "an integer >= 1"),
-    "min_new_frames": (int, lambda v: v >= 0, "an integer >= 0"),
+    "ras_win_len": (int, lambda v: 0 <= v <= INT_MAX, f"an integer from 0 to {INT_MAX} (0 disables)"),
+    "ras_win_max_num_repeat": (int, lambda v: 1 <= v <= INT_MAX, f"an integer from 1 to {INT_MAX}"),
+    "max_new_frames": (int, lambda v: 1 <= v <= INT_MAX, f"an integer from 1 to {INT_MAX}"),
+    "min_new_frames": (int, lambda v: 0 <= v <= INT_MAX, f"an integer from 0 to {INT_MAX}"),
 }
+
+
+def _finite(v: Any) -> bool:
+    """A number float64 holds finitely: an integer past float64's range (10**400) is not one."""
+    try:
+        return math.isfinite(v)
+    except OverflowError:
+        return False
 
 
 def check_field(name: str, value: Any) -> Any:
     """Validate one sampling field; returns the normalised value or raises ValueError."""
     if name == "suppress_tokens":
-        if not isinstance(value, (list, tuple)) or not all(_is_int(t) and t >= 0 for t in value):
-            raise ValueError(f"must be a list of token ids >= 0, got {value!r}")
+        if not isinstance(value, (list, tuple)) or not all(_is_int(t) and 0 <= t <= INT_MAX for t in value):
+            raise ValueError(f"must be a list of token ids from 0 to {INT_MAX}, got {short_repr(value)}")
         return tuple(value)
     if name not in _RULES:
         raise ValueError(f"unknown sampling field {name!r}")
     kind, ok, wanted = _RULES[name]
-    typed = _is_int(value) if kind is int else _is_number(value) and math.isfinite(value)  # NaN, inf fail
+    typed = _is_int(value) if kind is int else _is_number(value) and _finite(value)  # NaN, inf fail
     if not typed or not ok(value):
-        raise ValueError(f"must be {wanted}, got {value!r}")
+        raise ValueError(f"must be {wanted}, got {short_repr(value)}")
     return kind(value)
 
 
+def short_repr(value: Any, limit: int = 80) -> str:
+    """A value's repr for a message, cut short: a 5,000-digit integer must not fill the screen."""
+    try:
+        text = repr(value)
+    except ValueError:  # an integer past Python's 4,300 digits for str()
+        return f"an integer of about {int(value.bit_length() * 0.30103)} digits"
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
+
+
 def limit_problems(params: "SamplingParams", vocab_size: int, control_ids: tuple[int, ...],
-                   max_seq_len: int) -> list[tuple[str, str]]:
+                   max_seq_len: int, min_audio_frames: int = 1) -> list[tuple[str, str]]:
     """(field, reason) for each value a model of this vocabulary and context cannot run: ids
     outside the vocabulary (an index error on the device), control ids (suppressing one breaks
     the frames the model forces, e.g. the stream-BOS ramp), RAS windows past the context (a
-    window is allocated per row), more frames than the context holds."""
+    window is allocated per row), more frames than the context holds, fewer than the first
+    frame of audio needs (min_audio_frames: Higgs's delay pattern takes 9 for one frame)."""
     out = []
     bad = [t for t in params.suppress_tokens if t >= vocab_size]
     if bad:
-        out.append(("suppress_tokens", f"ids {bad} are outside the model's {vocab_size} codes"))
+        out.append(("suppress_tokens", f"ids {short_repr(bad)} are outside the model's {vocab_size} codes"))
     forced = [t for t in params.suppress_tokens if t in control_ids]
     if forced:
         out.append(("suppress_tokens", f"ids {forced} are control ids the model forces (stream BOS/EOS); "
                                        "suppressing them breaks the frames it must emit"))
     if params.max_new_frames > max_seq_len:
         out.append(("max_new_frames", f"{params.max_new_frames} frames do not fit max_seq_len {max_seq_len}"))
+    elif params.max_new_frames < min_audio_frames:
+        out.append(("max_new_frames", f"{params.max_new_frames} frames give no audio: this model needs at least "
+                                      f"{min_audio_frames} for its first frame of audio"))
     if params.ras_win_len > max_seq_len:
         out.append(("ras_win_len", f"{params.ras_win_len} frames is longer than the context (max_seq_len "
                                    f"{max_seq_len})"))
+    if params.min_new_frames > params.max_new_frames:
+        out.append(("min_new_frames", f"min_new_frames ({params.min_new_frames}) exceeds max_new_frames "
+                                      f"({params.max_new_frames})"))
     return out
 
 
 def check_seed(value: Any) -> int:
-    """A seed is any integer; it is masked to 31 bits like sglang-omni's resolve_row_seed."""
+    """A seed is any integer; it is masked to 31 bits like sglang-omni's resolve_row_seed
+    (seed_masked says when that changed it)."""
     if not _is_int(value):
-        raise ValueError(f"must be an integer, got {value!r}")
+        raise ValueError(f"must be an integer, got {short_repr(value)}")
     return value & SEED_MASK
+
+
+def seed_masked(value: int) -> str | None:
+    """Why a seed outside [0, 2^31) means another one (a warning), or None."""
+    if 0 <= value <= SEED_MASK:
+        return None
+    return (f"seed {short_repr(value)} is outside 0..{SEED_MASK}: it is masked to 31 bits, giving {value & SEED_MASK} "
+            f"(the same draws as seed {value & SEED_MASK})")

@@ -29,9 +29,11 @@ WRITER_THREADS = 4
 
 
 class AudioStage:
-    def __init__(self, codec: CodecStage, batched: bool):
+    def __init__(self, codec: CodecStage, batched: bool, family=None):
         self.codec = codec
         self.batched = batched  # rows decoded together (CUDA, default mode), else one by one
+        # the family's codec_prefix / prefix_cut: frames a row's audio is decoded after (an in-context reference)
+        self._family = family
         self._codec_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="omni-codec")
         self._writers: ThreadPoolExecutor | None = None
         self._write: Callable | None = None
@@ -77,11 +79,18 @@ class AudioStage:
         if not reqs:
             return  # an earlier call took them
         tokens = [r.frames.array for r in reqs]  # [frames, streams], as sampled
+        prefixes = [self._prefix(r) for r in reqs]
+        decoded = [t if p is None else np.concatenate([p, t]) for t, p in zip(tokens, prefixes)]
         t_call = time.perf_counter()
-        for i, samples in decode_rows(self.codec, tokens, self.batched, drain):  # writes start as each call ends
+        for i, samples in decode_rows(self.codec, decoded, self.batched, drain):  # writes start as each call ends
+            if prefixes[i] is not None and not isinstance(samples, Exception):  # the reference's part goes
+                samples = samples[self._family.prefix_cut(len(prefixes[i]), len(decoded[i]), len(samples)):]
             self._pending.append(self._writers.submit(self._write, reqs[i], tokens[i], samples))
         self.codec_done = time.perf_counter()
         self.codec_calls.append(self.codec_done - t_call)
+
+    def _prefix(self, req: Request) -> np.ndarray | None:
+        return None if self._family is None else self._family.codec_prefix(req.prompt)
 
     def drain(self) -> None:
         """After the loop (or Ctrl-C): rows still waiting are decoded, and every file is on disk."""

@@ -135,7 +135,7 @@ class ChunkedRows:
         earlier = [t for t in lr.turns[max(0, k - self.buffer):k] if t is not None]
         for keep in list(range(len(earlier), 0, -1)) or [0]:  # the latest chunks first
             context = tuple(lr.row.context) + tuple(earlier[len(earlier) - keep:])
-            rendered = self.model.render_prompt(lr.texts[k], lr.system, lr.row.scene, context)
+            rendered = self.model.render_prompt(lr.texts[k], lr.system, lr.row.scene, context, lr.row.fields)
             prompt = self.model.encode_prompts([rendered])[0]
             need = len(prompt.ids) + lr.params.max_new_frames - 1
             if need <= self.scheduler.max_seq_len:
@@ -205,9 +205,9 @@ class ChunkedRows:
             self.store.clear(lr.row.id)
 
 
-def check_chunk_flags(method: str, buffer: int) -> None:
-    """--chunk-method and --chunk-buffer, before anything loads (exit 2)."""
-    if method not in CHUNK_METHODS:
+def check_chunk_flags(method: str | None, buffer: int) -> None:
+    """--chunk-method (None: the model family's default) and --chunk-buffer, before anything loads (exit 2)."""
+    if method is not None and method not in CHUNK_METHODS:
         raise OmniError(f"--chunk-method must be one of {', '.join(CHUNK_METHODS)}, got {method!r}")
     if buffer < 1:
         raise OmniError(f"--chunk-buffer must be >= 1, got {buffer}")
@@ -218,10 +218,10 @@ def first_chunk(r: PromptRow, system: str, params: SamplingParams, model, chunki
     whole row's, or its first chunk's after the row's context."""
     if chunking is None:
         return [r.text], text
-    texts = plan_chunks(r.text, r.chunk or chunking[1], params.max_new_frames)
+    texts = plan_chunks(r.text, r.chunk or chunking[1], params.max_new_frames, model.frame_rate)
     if len(texts) == 1:
         return texts, text
     try:
-        return texts, model.render_prompt(texts[0], system, r.scene, r.context)
+        return texts, model.render_prompt(texts[0], system, r.scene, r.context, r.fields)
     except PromptFieldError as e:
         raise RowError(r.row, e.field, e.message) from None

@@ -118,6 +118,12 @@ def generate(
     suppress_tokens: Optional[str] = typer.Option(None, "--suppress-tokens", help="Comma-separated token ids never to sample."),
     max_new_frames: Optional[int] = typer.Option(None, "--max-new-frames", help="Frames per row at most (25 per second)."),
     min_new_frames: Optional[int] = typer.Option(None, "--min-new-frames", help="No end of speech before this many frames."),
+    subtalker_temperature: Optional[float] = typer.Option(None, "--subtalker-temperature", help="Qwen3-TTS: the "
+                                                          "code predictor's temperature (codebooks 1-15); 0 means greedy."),
+    subtalker_top_k: Optional[int] = typer.Option(None, "--subtalker-top-k", help="Qwen3-TTS: the code predictor's "
+                                                  "top-k; 0 disables."),
+    subtalker_top_p: Optional[float] = typer.Option(None, "--subtalker-top-p", help="Qwen3-TTS: the code predictor's "
+                                                    "top-p; 1 disables."),
     deterministic: Optional[bool] = typer.Option(None, "--deterministic/--no-deterministic", help="Byte-identical rows "
                                                  "whatever the batching (fixed shapes; slower)."),
     raw_logprobs: bool = typer.Option(False, "--raw-logprobs", help="Also store the unprocessed model logprobs."),
@@ -137,9 +143,10 @@ def generate(
                                         "rows whose id hashes there; join the folders with `omni merge`."),
     voices: Optional[Path] = typer.Option(None, "--voices", help="Voice bank YAML (name: {audio, text}) for rows' "
                                           "`voice` field, over the model config's voices."),
-    chunk_method: str = typer.Option("auto", "--chunk-method", help="Long text: auto splits a row at sentences "
-                                     "into chunks when its estimate does not fit max_new_frames; sentence: one chunk "
-                                     "a sentence; none: never split. A row's `chunk` field wins."),
+    chunk_method: Optional[str] = typer.Option(None, "--chunk-method", help="Long text: auto splits a row at "
+                                               "sentences into chunks when its estimate does not fit max_new_frames; "
+                                               "sentence: one chunk a sentence; none: never split. A row's `chunk` "
+                                               "field wins. Default: auto (Higgs), none (Qwen3-TTS, as its reference)."),
     chunk_buffer: int = typer.Option(2, "--chunk-buffer", help="Earlier chunks (text and audio) a chunk is "
                                      "generated after, so the voice carries on."),
     devices: Optional[str] = typer.Option(None, "--devices", metavar="LIST", help="One worker process per device "
@@ -152,8 +159,9 @@ def generate(
     """Generate speech for every prompt row.
 
     Defaults marked "from the model config" are the model YAML's: those shown are the embedded
-    default's ({default_config}); --model changes them, a flag overrides them for the run, and a
-    prompt row's own fields override both for that row.
+    default's ({default_config}); --model changes them (a Qwen3-TTS checkpoint's generation_config.json
+    fills what its YAML leaves out), a flag overrides them for the run, and a prompt row's own fields
+    override both for that row.
     """
     from omni_cli.generate import GenerateOptions, run_generate
     from omni_cli.shard import parse_shard
@@ -176,11 +184,16 @@ def generate(
                            temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
                            repetition_penalty=repetition_penalty, ras_win_len=ras_win_len,
                            ras_win_max_num_repeat=ras_win_max_num_repeat, suppress_tokens=suppress,
-                           max_new_frames=max_new_frames, min_new_frames=min_new_frames, deterministic=deterministic,
+                           max_new_frames=max_new_frames, min_new_frames=min_new_frames,
+                           subtalker_temperature=subtalker_temperature, subtalker_top_k=subtalker_top_k,
+                           subtalker_top_p=subtalker_top_p, deterministic=deterministic,
                            raw_logprobs=raw_logprobs, async_decode=async_decode, fmt=fmt, quiet=quiet, overwrite=overwrite,
                            resume=resume, max_failures=max_failures, jsonl_stdout=jsonl_stdout, shard=shard_spec,
                            voices=voices, chunk_method=chunk_method, chunk_buffer=chunk_buffer,
                            devices=device_list, ray=ray, input_format=input_format)
+    from omni_cli.job_settings import with_family_defaults
+
+    opts = _run(lambda: with_family_defaults(opts))
     if ray is not None:
         try:
             from omni_cli.ray import run_ray
@@ -207,7 +220,7 @@ def validate(
     voices: Optional[Path] = typer.Option(None, "--voices", help="Voice bank YAML, as omni generate takes it."),
     input_format: Optional[str] = typer.Option(None, "--input-format", metavar="jsonl|json|csv|txt",
                                                help="How to read PROMPTS, as omni generate takes it."),
-    chunk_method: str = typer.Option("auto", "--chunk-method", help="Long text, as omni generate takes it: each "
+    chunk_method: Optional[str] = typer.Option(None, "--chunk-method", help="Long text, as omni generate takes it: each "
                                      "chunk's prompt is checked against the context."),
 ) -> None:
     """Check every row as omni generate would, without loading the model's weights (its tokenizer and

@@ -37,7 +37,7 @@ class ModelConfig:
     path: Path  # the YAML file this came from
     family: str  # runner family, e.g. "higgs_audio_v2"
     checkpoint: str  # absolute local folder, or a hub id
-    codec: str  # absolute local folder, or a hub id
+    codec: str  # absolute local folder, or a hub id (a family whose checkpoint holds its codec: the checkpoint)
     dtype: str = "float32"
     device: str = "auto"  # auto | cpu | cuda | cuda:N
     max_batch_size: int = 8  # decode rows, and KV slots
@@ -46,10 +46,12 @@ class ModelConfig:
     deterministic: bool = False  # batch-shape-invariant arithmetic (see runners/engine.py)
     system_prompt: str = "Generate audio following instruction."
     sampling: SamplingParams = field(default_factory=SamplingParams)
+    sampling_set: tuple[str, ...] = ()  # the sampling keys the YAML sets (the checkpoint's defaults fill the rest)
     voices: dict = field(default_factory=dict)  # the voice bank: name -> omni_cli.voices.Voice
 
     def as_dict(self) -> dict[str, Any]:
-        d = {k: getattr(self, k) for k in self.__dataclass_fields__ if k not in ("path", "sampling", "voices")}
+        d = {k: getattr(self, k) for k in self.__dataclass_fields__
+             if k not in ("path", "sampling", "voices", "sampling_set")}
         d["path"] = str(self.path)
         d["voices"] = {n: {"audio": str(v.path), "text": v.text} for n, v in self.voices.items()}
         d["sampling"] = self.sampling.as_record()
@@ -70,7 +72,9 @@ _TOP_KEYS = {
     "sampling": dict,
     "voices": dict,
 }
-_REQUIRED = ("family", "checkpoint", "codec")
+_REQUIRED = ("family", "checkpoint")
+# families whose codec is a folder of its own (Qwen3-TTS's is speech_tokenizer/ inside its checkpoint)
+_SEPARATE_CODEC = ("higgs_audio_v2",)
 
 
 def find_config(spec: str | Path | None) -> Path:
@@ -122,7 +126,7 @@ def load_config(spec: str | Path | None) -> ModelConfig:
         ok = isinstance(value, want) and not (want is int and isinstance(value, bool))
         if not ok:
             raise ConfigError(path, key, f"must be {_type_name(want)}, got {value!r}")
-    for key in _REQUIRED:
+    for key in _REQUIRED + (("codec",) if raw.get("family") in _SEPARATE_CODEC else ()):
         if key not in raw:
             raise ConfigError(path, key, "is required")
 
@@ -149,9 +153,10 @@ def load_config(spec: str | Path | None) -> ModelConfig:
         raise ConfigError(path, "sampling.min_new_frames", str(e)) from None
 
     values = {k: v for k, v in raw.items() if k not in ("sampling", "voices")}
+    values["sampling_set"] = tuple(raw.get("sampling") or {})
     values["voices"] = parse_bank(raw["voices"], path) if raw.get("voices") else {}
     values["checkpoint"] = _resolve_location(path, "checkpoint", raw["checkpoint"])
-    values["codec"] = _resolve_location(path, "codec", raw["codec"])
+    values["codec"] = _resolve_location(path, "codec", raw["codec"]) if "codec" in raw else values["checkpoint"]
     return ModelConfig(path=path, sampling=sampling, **values)
 
 

@@ -15,7 +15,7 @@ import itertools
 import sys
 import time
 import traceback
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from omni_cli.audio_stage import AudioStage
@@ -26,7 +26,7 @@ from omni_cli.errors import RowError
 from omni_cli.folder import row_hash, row_intact
 from omni_cli.job_io import LocalIO
 from omni_cli.job_settings import check_flags, load_spec, model_identity, print_warnings, prompt_warnings
-from omni_cli.longform import DEFAULT_CHUNK_BUFFER, DEFAULT_CHUNK_METHOD
+from omni_cli.longform import DEFAULT_CHUNK_BUFFER
 from omni_cli.loop import run_loop
 from omni_cli.output import StdoutLines
 from omni_cli.prompts import PromptRow, read_prompts
@@ -63,6 +63,9 @@ class GenerateOptions:
     suppress_tokens: tuple[int, ...] | None = None
     max_new_frames: int | None = None
     min_new_frames: int | None = None
+    subtalker_temperature: float | None = None  # Qwen3-TTS's code predictor (runners/sampling/params.py)
+    subtalker_top_k: int | None = None
+    subtalker_top_p: float | None = None
     deterministic: bool | None = None
     async_decode: bool | None = None
     raw_logprobs: bool = False
@@ -74,7 +77,7 @@ class GenerateOptions:
     jsonl_stdout: bool = False  # each manifest row written also goes to stdout, as rows complete
     shard: Shard | None = None  # --shard i/n: only the rows whose id hashes to shard i (omni_cli/shard.py)
     voices: Path | None = None  # --voices: a voice bank file, over the config's voices
-    chunk_method: str = DEFAULT_CHUNK_METHOD  # long-form text (omni_cli/longform.py): auto, sentence, none
+    chunk_method: str | None = None  # long-form text (omni_cli/longform.py): auto, sentence, none; None: the family's
     chunk_buffer: int = DEFAULT_CHUNK_BUFFER  # earlier chunks a chunk's prompt holds
     devices: tuple[str, ...] | None = None  # --devices (omni_cli/workers.py); one device: this process's
     ray: str | None = None  # --ray ADDRESS: the job as a Ray Data pipeline (omni_cli/ray.py)
@@ -99,17 +102,18 @@ def run_generate(opts: GenerateOptions, io: LocalIO | None = None) -> RunSummary
     io = io or LocalIO()
     t = {"start": time.perf_counter()}
     config, base_params = check_flags(opts)
+    family = family_class(config.family, config.path)  # the family's imports
+    opts = replace(opts, chunk_method=opts.chunk_method or family.default_chunk_method)
+    t["family"] = time.perf_counter()
     info: dict = {}  # the prompt file's identity (run.json: prompts), as one process reads it
     if io.rows is None:
-        rows = read_prompts(opts.prompts, opts.input_format, prompt_warnings(opts), info=info)
+        rows = read_prompts(opts.prompts, opts.input_format, prompt_warnings(opts), info, family.row_fields())
     else:
         rows = io.rows
     t["prompts"] = info
     if opts.shard is not None:
         rows = opts.shard.select(rows)
     t["read"] = time.perf_counter()
-    family = family_class(config.family, config.path)  # the family's imports
-    t["family"] = time.perf_counter()
     with io.guard() as guard:
         try:  # every row and flag checked before the folder is touched or a weight loads
             clips = check_inputs(rows, family, config, base_params, opts)
@@ -149,11 +153,11 @@ def _run(opts: GenerateOptions, config: ModelConfig, base_params: SamplingParams
     queued, rejected, kept, changed = _queue(rows, model, config, base_params, opts.seed, scheduler,
                                              identity, earlier, opts.out, (chunker, opts.chunk_method))
     stdout = StdoutLines() if opts.jsonl_stdout else None
-    writer = io.writer(opts.out, opts.fmt, model.sample_rate, kept, stdout)
+    writer = io.writer(opts.out, opts.fmt, model.sample_rate, kept, stdout, model.frame_rate)
     progress = io.progress(len(rows) - len(kept), opts.quiet)
     results = RowResults(writer, progress, model.real_code_mask, opts.quiet)
     results.rows = queued
-    audio = AudioStage(model.codec, model.batched_codec)
+    audio = AudioStage(model.codec, model.batched_codec, model)
     chunker.results, chunker.audio, chunker.progress = results, audio, progress
     interrupted, stats, fault, stop = False, None, None, None
     code = EXIT_OK
@@ -280,12 +284,15 @@ def _queue(rows: list[PromptRow], model: ModelFamily, config: ModelConfig, base_
         if r.error is not None:
             rejected.append((r, r.error))
             continue
-        system = r.system if r.system is not None else config.system_prompt
+        system = None if "system" in model.unused_row_fields else r.system if r.system is not None else \
+            config.system_prompt
         try:
             params, text = _render(r, system, base_params, model)
             texts, text = first_chunk(r, system, params, model, chunking, text)
             content = {"text": r.text, "scene": r.scene, "system": system, "sampling": params.as_record(),
                        "seed": r.seed, "run_seed": run_seed, "model": identity}
+            if r.fields:  # the family's own fields (Qwen3-TTS: language, speaker, instruct, modes)
+                content["fields"] = r.fields
             if r.reference is not None:  # the clip's bytes and transcript, not its path or name
                 content["reference"] = {"sha256": r.reference[1], "text": r.reference[0].text}
             if len(texts) > 1:  # the chunking decides the row's bytes: a changed one redoes it on --resume
@@ -355,7 +362,7 @@ def _render(r: PromptRow, system: str, base_params: SamplingParams, model: Model
     except ValueError as e:
         raise RowError(r.row, "min_new_frames", str(e)) from None
     try:
-        return params, model.render_prompt(r.text, system, r.scene, r.context)
+        return params, model.render_prompt(r.text, system, r.scene, r.context, r.fields)
     except PromptFieldError as e:
         raise RowError(r.row, e.field, e.message) from None
 

@@ -44,8 +44,8 @@ class LocalIO:
         for p in temporaries(out):  # what a killed run left mid-write
             p.unlink(missing_ok=True)
 
-    def writer(self, out: Path, fmt: str, sample_rate: int, kept: dict, on_row) -> OutputWriter:
-        return OutputWriter(out, fmt, sample_rate, kept, on_row)
+    def writer(self, out: Path, fmt: str, sample_rate: int, kept: dict, on_row, frame_rate: float = 25.0) -> OutputWriter:
+        return OutputWriter(out, fmt, sample_rate, kept, on_row, frame_rate)
 
     def progress(self, total: int, quiet: bool) -> Progress:
         return Progress(total, quiet)

@@ -33,13 +33,34 @@ def settings(opts) -> tuple[ModelConfig, SamplingParams]:
         config = replace(config, deterministic=opts.deterministic)
     if opts.async_decode is not None:
         config = replace(config, async_decode=opts.async_decode)
-    params = config.sampling
+    params = base_sampling(config)
     for name in FIELD_NAMES:
         try:
             params = params.with_overrides(**{name: getattr(opts, name)})
         except ValueError as e:
             raise OmniError(f"--{name.replace('_', '-')}: {e}") from None
     return config, params
+
+
+def base_sampling(config: ModelConfig, limits=None) -> SamplingParams:
+    """The run's sampling defaults before the flags: the checkpoint's generation config (Qwen3-TTS's
+    generation_config.json), then what the YAML sets."""
+    from omni_cli.runners.family import family_class
+
+    limits = limits or family_class(config.family, config.path).limits(config.checkpoint)
+    params = SamplingParams().with_overrides(**dict(limits.sampling_defaults))
+    return params.with_overrides(**{k: getattr(config.sampling, k) for k in config.sampling_set})
+
+
+def with_family_defaults(opts):
+    """opts with what the run leaves to the model family filled in (--chunk-method), so that run.json
+    records what ran."""
+    from omni_cli.runners.family import family_class
+
+    if opts.chunk_method is not None:
+        return opts
+    config = load_config(opts.model)
+    return replace(opts, chunk_method=family_class(config.family, config.path).default_chunk_method)
 
 
 def check_flags(opts) -> tuple[ModelConfig, SamplingParams]:
@@ -62,8 +83,9 @@ def check_job(opts) -> tuple:
         raise OmniError("--max-failures is not supported with --devices or --ray (each worker would count alone)")
     config, base_params = check_flags(opts)
     info: dict = {}
-    rows = read_prompts(opts.prompts, opts.input_format, prompt_warnings(opts), info=info)
-    check_inputs(rows, family_class(config.family, config.path), config, base_params, opts)
+    family = family_class(config.family, config.path)
+    rows = read_prompts(opts.prompts, opts.input_format, prompt_warnings(opts), info, family.row_fields())
+    check_inputs(rows, family, config, base_params, opts)
     if not opts.quiet:
         print_warnings(opts, rows)
     return config, rows, info

@@ -13,10 +13,10 @@ are slices of the text, stripped: nothing is lost or reordered, the text's white
 between them is all that is dropped (so the chunks joined with single spaces give back the
 text's words, and their non-space characters are the text's).
 
-Packing (``plan_chunks``). A sentence is estimated at FRAMES_PER_CHAR frames a character
-(a speaking rate of 15 characters a second at 25 frames a second: about 150 words a minute),
-CJK characters (east Asian wide/full width) at FRAMES_PER_WIDE_CHAR (about 4.5 characters a
-second), plus FRAME_OVERHEAD frames a chunk (the delay pattern's ramp and staircase). Method:
+Packing (``plan_chunks``). A sentence is estimated at CHARS_PER_S characters a second (about
+150 words a minute), CJK characters (east Asian wide/full width) at WIDE_CHARS_PER_S, plus
+OVERHEAD_S a chunk (Higgs's delay ramp and staircase: 10 frames at 25 a second), in frames at the
+model's frame rate (Higgs 25, Qwen3-TTS 12.5). Method:
 - ``auto`` (the default): a row whose whole text is estimated within max_new_frames stays one
   chunk; else consecutive sentences are packed greedily while their estimate fits.
 - ``sentence``: one chunk per sentence, whatever fits.
@@ -50,9 +50,9 @@ DEFAULT_CHUNK_METHOD = "auto"
 DEFAULT_CHUNK_BUFFER = 2  # earlier chunks a chunk's prompt holds (Higgs's generation_chunk_buffer_size)
 CHUNK_NAMESPACE = "omni-cli-chunk"
 
-FRAMES_PER_CHAR = 25 / 15  # 25 frames a second, 15 characters a second
-FRAMES_PER_WIDE_CHAR = 25 / 4.5  # CJK: about 4.5 characters a second
-FRAME_OVERHEAD = 10  # frames a chunk besides its speech: Higgs's BOS frame and delay staircase (8 streams)
+CHARS_PER_S = 15  # characters a second: about 150 words a minute
+WIDE_CHARS_PER_S = 4.5  # CJK characters a second
+OVERHEAD_S = 0.4  # a chunk's time besides its speech (Higgs: the BOS frame and the 8-stream delay staircase)
 CROSSFADE_S = 0.04
 
 ABBREVIATIONS = frozenset(
@@ -108,18 +108,21 @@ def split_sentences(text: str) -> list[str]:
     return [text[s:e] for s, e in sentence_spans(text)]
 
 
-def estimate_frames(text: str) -> int:
-    """Frames a chunk of this text is expected to need (speech and the per-chunk overhead)."""
+def estimate_frames(text: str, frame_rate: float = 25.0) -> int:
+    """Frames a chunk of this text is expected to need (speech and the per-chunk overhead) at
+    `frame_rate` frames a second."""
     wide = sum(unicodedata.east_asian_width(c) in "WF" for c in text)
     narrow = sum(not c.isspace() for c in text) - wide + text.count(" ")
-    return math.ceil(narrow * FRAMES_PER_CHAR + wide * FRAMES_PER_WIDE_CHAR) + FRAME_OVERHEAD
+    # in 25ths of a second, so Higgs's frames come out exact (no float rounding past the ceiling)
+    twentyfifths = narrow * 25 / CHARS_PER_S + wide * 25 / WIDE_CHARS_PER_S + OVERHEAD_S * 25
+    return math.ceil(twentyfifths * frame_rate / 25)
 
 
-def plan_chunks(text: str, method: str, max_new_frames: int) -> list[str]:
+def plan_chunks(text: str, method: str, max_new_frames: int, frame_rate: float = 25.0) -> list[str]:
     """The row's chunk texts, in order (one: the row is not split). See the module's doc."""
     if method not in CHUNK_METHODS:
         raise ValueError(f"chunk method must be one of {', '.join(CHUNK_METHODS)}, got {method!r}")
-    if method == "none" or (method == "auto" and estimate_frames(text) <= max_new_frames):
+    if method == "none" or (method == "auto" and estimate_frames(text, frame_rate) <= max_new_frames):
         return [text]
     spans = sentence_spans(text)
     if len(spans) <= 1:
@@ -128,7 +131,7 @@ def plan_chunks(text: str, method: str, max_new_frames: int) -> list[str]:
         return [text[s:e] for s, e in spans]
     groups: list[tuple[int, int]] = []
     for s, e in spans:
-        if groups and estimate_frames(text[groups[-1][0]:e]) <= max_new_frames:
+        if groups and estimate_frames(text[groups[-1][0]:e], frame_rate) <= max_new_frames:
             groups[-1] = (groups[-1][0], e)
         else:
             groups.append((s, e))

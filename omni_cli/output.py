@@ -88,13 +88,14 @@ def _atomic_write(path: Path, data: bytes) -> None:
 
 class OutputWriter:
     def __init__(self, out: Path, fmt: str, sample_rate: int, kept: dict[int, str] | None = None,
-                 on_row: Callable[[str], None] | None = None):
+                 on_row: Callable[[str], None] | None = None, frame_rate: float = 25.0):
         """kept: input row number -> the manifest line of a row resumed as it was; on_row(line)
         gets each row written by this run (--jsonl-stdout)."""
         check_format(fmt)
         self.out = out
         self.fmt = fmt
         self.sample_rate = sample_rate
+        self.window = max(1, round(frame_rate))  # min_window_logprob's window: a second of frames
         self._lines: dict[int, str] = dict(kept or {})  # input row number -> its manifest line
         self._on_row = on_row
         (out / "audio").mkdir(parents=True, exist_ok=True)
@@ -176,7 +177,7 @@ class OutputWriter:
             "frames": int(tokens.shape[0]),
             "duration_s": round(len(samples) / self.sample_rate, 6),
             "mean_logprob": float(real.mean()) if real.size else None,
-            "min_window_logprob": min_window_logprob(logprobs, mask),
+            "min_window_logprob": min_window_logprob(logprobs, mask, self.window),
             "logprobs_file": npz_rel,
             # what --resume checks before it keeps the row
             "audio_bytes": audio_bytes, "audio_sha256": audio_sha,
@@ -307,7 +308,8 @@ def _npy_header(a: np.ndarray) -> bytes:
 
 
 def min_window_logprob(logprobs: np.ndarray, mask: np.ndarray, window: int = 25) -> float | None:
-    """The lowest mean logprob of real codes over any `window` consecutive frames (1 s at 25 fps).
+    """The lowest mean logprob of real codes over any `window` consecutive frames (a second: 25 at
+    Higgs's 25 frames a second, 12 at Qwen3-TTS's 12.5).
 
     logprobs, mask [frames, codebooks]. Shorter outputs use their one window;
     windows without real codes are skipped; None when there are none at all.

@@ -50,13 +50,15 @@ class PromptRow:
     given_id: Any = None  # the id as the input gives it (None: none given); `id` differs where it was unusable
     raw: dict = field(default_factory=dict)  # the row's known input fields as given: a failed row keeps them
     warnings: list = field(default_factory=list)  # what the run should say about the row (a masked seed)
+    fields: dict = field(default_factory=dict)  # the model family's own row fields (ModelFamily.row_fields)
 
 
-def _check_row(row: int, rid: str, data: dict[str, Any]) -> PromptRow:
-    """A row's fields checked (RowError names the first bad one); rid: its id, already given."""
-    unknown = [k for k in data if k not in ROW_FIELDS]
+def _check_row(row: int, rid: str, data: dict[str, Any], extra: dict[str, type]) -> PromptRow:
+    """A row's fields checked (RowError names the first bad one); rid: its id, already given;
+    extra: the model family's own fields and their types."""
+    unknown = [k for k in data if k not in ROW_FIELDS and k not in extra]
     if unknown:
-        raise RowError(row, unknown[0], f"unknown field (known: {', '.join(ROW_FIELDS)})")
+        raise RowError(row, unknown[0], f"unknown field (known: {', '.join(ROW_FIELDS + tuple(extra))})")
     if "id" in data and not usable_id(data["id"]):
         raise RowError(row, "id", f"{short_repr(data['id'])} is not a usable file name (a string or an integer of "
                                   "letters, digits, '.', '_', '-'; up to 200)")
@@ -83,6 +85,18 @@ def _check_row(row: int, rid: str, data: dict[str, Any]) -> PromptRow:
         if (why := seed_masked(data["seed"])) is not None:
             out.warnings.append(f"row {row}, field 'seed': {why}")
     out.chunk = _check_chunk(row, data.get("chunk"))
+    for key, kind in extra.items():
+        value = data.get(key)
+        if value is None:
+            continue
+        if kind is bool and isinstance(value, str) and value.lower() in ("true", "false"):  # a CSV cell
+            value = value.lower() == "true"
+        if not isinstance(value, kind) or (kind is str and not spoken(value)):
+            wanted = "true or false" if kind is bool else "a non-empty string"
+            raise RowError(row, key, f"must be {wanted}, got {short_repr(value)}")
+        if kind is str and (bad := _unencodable(value)):
+            raise RowError(row, key, bad)
+        out.fields[key] = value
     for key in FIELD_NAMES:
         if data.get(key) is not None:
             try:
@@ -113,8 +127,6 @@ def _check_reference(row: int, data: dict[str, Any], out: PromptRow) -> None:
                                          "download the clip and give its path (relative to the prompt file)")
     if data.get("voice") is not None and data.get("ref_audio") is not None:
         raise RowError(row, "voice", "give either voice or ref_audio, not both")
-    if data.get("ref_audio") is not None and data.get("ref_text") is None:
-        raise RowError(row, "ref_text", "ref_audio needs ref_text, the transcript of the reference")
     if data.get("ref_text") is not None and data.get("ref_audio") is None:
         field = "voice" if data.get("voice") is not None else "ref_text"
         raise RowError(row, field, "ref_text goes with ref_audio (a bank voice has its own text)")
@@ -142,14 +154,15 @@ def _unencodable(value: str) -> str | None:
 
 
 def read_prompts(source: str, input_format: str | None = None, warn: Callable[[str], None] | None = None,
-                 info: dict | None = None) -> list[PromptRow]:
+                 info: dict | None = None, extra_fields: dict[str, type] | None = None) -> list[PromptRow]:
     """Read a prompt file by ``input_format`` (jsonl, json, csv, txt), else by extension
     (.jsonl/.ndjson, .json, .csv, .txt), else sniffed from the content (prompt_formats.sniff):
     a file of another extension, '-' (stdin), /dev/stdin or a pipe such as <(cmd).
 
     Ids: a row's own when usable and not taken by an earlier row; else a fresh one that no row
     of the file gives (its line number, else row-N, row-N-2, ...). warn(message) gets what the
-    reading noticed without failing a row (a sniffed format; default: stderr). info, if given, is
+    reading noticed without failing a row (a sniffed format; default: stderr). extra_fields: the
+    model family's own row fields (ModelFamily.row_fields) and their types. info, if given, is
     filled with what identifies the input (run.json's `prompts`; omni merge checks folders by it):
     its absolute path (a regular file's; else as given), sha256, bytes, format, rows and the
     sha256 of its ids in order.
@@ -173,12 +186,13 @@ def read_prompts(source: str, input_format: str | None = None, warn: Callable[[s
             raise OmniError(f"prompt file {source} cannot be read: {e.strerror or e}") from None
         suffix = path.suffix.lower() if path.is_file() else ""
     text = decode(data, source)
-    kind = input_format or SUFFIXES.get(suffix) or sniff(text, ROW_FIELDS, warn, source)
+    extra = dict(extra_fields or {})
+    kind = input_format or SUFFIXES.get(suffix) or sniff(text, ROW_FIELDS + tuple(extra), warn, source)
     records = {"jsonl": jsonl_records, "csv": csv_records, "txt": text_records,
                "json": lambda t: json_array_records(t, source)}[kind](text)
     if not records:
         raise OmniError(f"no prompts in {'stdin' if source == '-' else source}")
-    rows = _rows(records)
+    rows = _rows(records, extra)
     if info is not None:
         regular = source != "-" and Path(source).is_file()
         info.update(path=str(Path(source).resolve()) if regular else source, sha256=hashlib.sha256(data).hexdigest(),
@@ -191,7 +205,7 @@ def ids_digest(rows: list[PromptRow]) -> str:
     return hashlib.sha256("\n".join(r.id for r in rows).encode("utf-8")).hexdigest()
 
 
-def _rows(records: list) -> list[PromptRow]:
+def _rows(records: list, extra: dict[str, type]) -> list[PromptRow]:
     """Records to PromptRows, with unique ids (see read_prompts)."""
     def own_id(data, raw):  # a row that could not be read keeps the id its raw fields give (a CSV cell)
         return (data if isinstance(data, dict) else raw).get("id")
@@ -215,11 +229,11 @@ def _rows(records: list) -> list[PromptRow]:
         try:
             if error is not None:
                 raise error
-            row = _check_row(n, rid, data)
+            row = _check_row(n, rid, data, extra)
         except RowError as e:
             row = _failed_row(n, rid, raw, str(e))
         row.given_id = own
-        row.raw = {k: v for k, v in raw.items() if k in ROW_FIELDS or k in ("input_line", "input")}
+        row.raw = {k: v for k, v in raw.items() if k in ROW_FIELDS or k in extra or k in ("input_line", "input")}
         rows.append(row)
     return rows
 

@@ -49,9 +49,12 @@ def run_ray(opts, actors: int | None = None, actor_cpus: float | None = None, ac
     from omni_cli.folder import prepare_out_dir
     from omni_cli.job_settings import check_job
 
+    from omni_cli.job_settings import with_family_defaults
+
     t0 = time.perf_counter()
     if opts.shard is not None or opts.devices is not None:
         raise OmniError("--ray excludes --shard and --devices: Ray places the rows")
+    opts = with_family_defaults(opts)
     config, rows, info = check_job(opts)
     out = Path(opts.out)
     with SignalGuard() as guard:  # the first SIGINT/SIGTERM: Ray's finished rows kept, the rest interrupted

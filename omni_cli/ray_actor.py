@@ -75,8 +75,8 @@ class _ActorIO(LocalIO):
     def clear_temporaries(self, out: Path) -> None:
         pass  # other actors write theirs meanwhile
 
-    def writer(self, out, fmt, sample_rate, kept, on_row):
-        self.writer_ = _CollectWriter(out, fmt, sample_rate, kept)
+    def writer(self, out, fmt, sample_rate, kept, on_row, frame_rate: float = 25.0):
+        self.writer_ = _CollectWriter(out, fmt, sample_rate, kept, None, frame_rate)
         return self.writer_
 
     def progress(self, total: int, quiet: bool):

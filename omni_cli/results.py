@@ -24,7 +24,7 @@ def input_fields(r: PromptRow, system: str | None) -> dict:
     gave where the manifest's differs."""
     refs = {k: getattr(r, k) for k in ("ref_audio", "ref_text", "voice") if getattr(r, k) is not None}
     typed = {"text": r.text, "scene": r.scene, "system": r.system if system is None else system, "seed": r.seed,
-             **refs, **r.overrides, **({"chunk": r.chunk} if r.chunk is not None else {})}
+             **refs, **r.fields, **r.overrides, **({"chunk": r.chunk} if r.chunk is not None else {})}
     given = {k: v for k, v in r.raw.items() if k != "id" and typed.get(k) in (None, "")}
     if r.given_id is not None and str(r.given_id) != r.id:
         given["given_id"] = r.given_id
@@ -95,9 +95,10 @@ class RowResults:
                       f"(temperature, repetition_penalty) outside what the model's arithmetic holds")
             return False
         t_write = time.perf_counter()
-        meta = {"row": row.row, "text": row.text, "scene": row.scene, "system": system, "seed": seed,
+        meta = {"row": row.row, "text": row.text, "scene": row.scene, "system": system, **row.fields, "seed": seed,
                 "finish_reason": finish_reason, **params.as_record(), "row_hash": digest,
-                **({"chunk": row.chunk} if row.chunk is not None else {}), **(extra_meta or {})}
+                **({"chunk": row.chunk} if row.chunk is not None else {}), **(extra_meta or {}),
+                **({"warnings": list(row.warnings)} if row.warnings else {})}
         if row.reference is not None:
             meta["reference"] = reference_record(row)
         try:

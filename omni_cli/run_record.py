@@ -43,8 +43,8 @@ def run_record(opts, config, model, results, progress, audio, stats, interrupted
         # generate_s: after the load and the warm-up (both startup), to the last file
         "timings": {"load_s": round(t["loaded"] - t["start"], 3), "warmup_s": round(warmup_s, 3),
                     # the load's parts: config and prompt file, the model family's imports, then its load's
-                    "load_phases": {"inputs_s": round(t["read"] - t["start"], 3),
-                                    "imports_s": round(t["family"] - t["read"], 3), **model.load_phases},
+                    "load_phases": {"imports_s": round(t["family"] - t["start"], 3),
+                                    "inputs_s": round(t["read"] - t["family"], 3), **model.load_phases},
                     "generate_s": round(t["end"] - t["loaded"] - warmup_s, 3),
                     # of it: reading (before the load), resampling and encoding the reference voices
                     "references_s": round(t.get("references", t["loaded"]) - t["loaded"], 3),

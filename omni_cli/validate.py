@@ -28,7 +28,8 @@ def check_rows(rows: list[PromptRow], base_params: SamplingParams, config: Model
     for r in rows:
         if r.error is not None:
             continue
-        problems = _problems(base_params.with_overrides(**r.overrides), config, limits)
+        problems = [(f, _unused(f)) for f in limits.unused_fields if f in r.overrides and r.overrides[f] != _DEFAULTS[f]]
+        problems = problems or _problems(base_params.with_overrides(**r.overrides), config, limits)
         if problems:
             field, reason = problems[0]
             r.error = str(RowError(r.row, field, reason))
@@ -36,6 +37,14 @@ def check_rows(rows: list[PromptRow], base_params: SamplingParams, config: Model
 
 def _problems(params: SamplingParams, config: ModelConfig, limits: FamilyLimits) -> list[tuple[str, str]]:
     return limit_problems(params, limits.vocab_size, limits.control_ids, config.max_seq_len, limits.min_audio_frames)
+
+
+_DEFAULTS = {f: getattr(SamplingParams(), f) for f in SamplingParams.__dataclass_fields__}
+
+
+def _unused(field: str) -> str:
+    return f"this model does not use {field} (it has no code predictor)" if field.startswith("subtalker_") \
+        else f"this model does not use {field}"
 
 
 def check_run(rows: list[PromptRow], base_params: SamplingParams, config: ModelConfig, limits: FamilyLimits,
@@ -48,6 +57,9 @@ def check_run(rows: list[PromptRow], base_params: SamplingParams, config: ModelC
                         f"context ({limits.max_positions} positions, its max_position_embeddings)")
     for field, reason in _problems(base_params, config, limits):
         raise OmniError(f"--{field.replace('_', '-')} (or the config's sampling.{field}): {reason}")
+    for field in limits.unused_fields:
+        if getattr(base_params, field) != _DEFAULTS[field]:
+            raise OmniError(f"--{field.replace('_', '-')} (or the config's sampling.{field}): {_unused(field)}")
     check_rows(rows, base_params, config, limits)
 
 
@@ -69,6 +81,13 @@ def check_prompts(rows: list[PromptRow], prompter, base_params: SamplingParams, 
             continue
         params = base_params.with_overrides(**r.overrides)
         system = r.system if r.system is not None else config.system_prompt
+        problems = prompter.field_problems(r.fields, r.ref_audio is not None or r.voice is not None,
+                                           r.ref_text is not None or r.voice is not None)
+        if [p for p in problems if not p.warning]:
+            first = next(p for p in problems if not p.warning)
+            r.error = str(RowError(r.row, first.field, first.message))
+            continue
+        r.warnings += [f"row {r.row}, field '{p.field}': {p.message}" for p in problems]
         context, ref_frames = (), 0
         if r.reference is not None:
             voice, sha = r.reference
@@ -80,10 +99,11 @@ def check_prompts(rows: list[PromptRow], prompter, base_params: SamplingParams, 
                 r.error = str(RowError(r.row, field, f"{voice.path}: {len(clip.samples) / clip.rate:.4f} s of audio "
                                                      "is too short for the codec's encoder to make one frame"))
                 continue
-            context = (AudioTurn(voice.text, np.zeros((ref_frames, prompter.num_streams), dtype=np.int64)),)
-        texts = plan_chunks(r.text, r.chunk or chunk_method, params.max_new_frames)
+            speaker = np.zeros(1, dtype=np.float32)  # a stand-in: the prompt's length does not depend on it
+            context = (AudioTurn(voice.text, np.zeros((ref_frames, prompter.num_streams), dtype=np.int64), speaker),)
+        texts = plan_chunks(r.text, r.chunk or chunk_method, params.max_new_frames, prompter.frame_rate)
         try:
-            rendered = [prompter.render_prompt(t, system, r.scene, context) for t in texts]
+            rendered = [prompter.render_prompt(t, system, r.scene, context, r.fields) for t in texts]
         except PromptFieldError as e:
             r.error = str(RowError(r.row, e.field, e.message))
             continue
@@ -141,15 +161,19 @@ def check_inputs(rows: list[PromptRow], family, config: ModelConfig, base_params
     from omni_cli.voices import check_references, prompt_base
 
     check_run(rows, base_params, config, family.limits(config.checkpoint), opts.fmt)
+    for r in rows:
+        given = [f for f in family.unused_row_fields if r.error is None and getattr(r, f) is not None]
+        if given:
+            r.error = str(RowError(r.row, given[0], f"this model's prompts take no {given[0]}"))
     clips = check_references(rows, config.voices, prompt_base(opts.prompts))  # read and checked, not encoded
     prompter = family.prompter(config.checkpoint, config.codec)
     if prompter is not None:
-        check_prompts(rows, prompter, base_params, config, clips, opts.chunk_method)
+        check_prompts(rows, prompter, base_params, config, clips, opts.chunk_method or family.default_chunk_method)
     return clips
 
 
 def run_validate(prompts: str, model: str | None, voices: Path | None = None, input_format: str | None = None,
-                 chunk_method: str = "auto") -> list[PromptRow]:
+                 chunk_method: str | None = None) -> list[PromptRow]:
     """Every row of ``prompts`` checked as `omni generate` checks it before loading; the bad ones."""
     from types import SimpleNamespace
 
@@ -158,7 +182,8 @@ def run_validate(prompts: str, model: str | None, voices: Path | None = None, in
     check_chunk_flags(chunk_method, 1)
     config = load_config(model)
     bank = {**config.voices, **(read_bank_file(voices) if voices is not None else {})}
-    rows = read_prompts(prompts, input_format)
-    opts = SimpleNamespace(prompts=prompts, fmt="wav", chunk_method=chunk_method)
-    check_inputs(rows, family_class(config.family, config.path), replace(config, voices=bank), config.sampling, opts)
+    family = family_class(config.family, config.path)
+    rows = read_prompts(prompts, input_format, extra_fields=family.row_fields())
+    opts = SimpleNamespace(prompts=prompts, fmt="wav", chunk_method=chunk_method or family.default_chunk_method)
+    check_inputs(rows, family, replace(config, voices=bank), config.sampling, opts)
     return [r for r in rows if r.error is not None]

@@ -63,7 +63,10 @@ def run_verify(out: Path, sample: int, batch_size: int | None, seed: int, quiet:
         batch_size = original_bs // 2 if original_bs > 1 else 2
     with tempfile.TemporaryDirectory(prefix="omni-verify-") as tmp:
         prompts = Path(tmp) / "rows.jsonl"
-        keep = ("id", "text", "scene", "system", "seed", "chunk") + FIELD_NAMES
+        from omni_cli.runners.family import family_class
+
+        family = tuple(family_class(run["config"]["family"]).row_fields())  # Qwen3-TTS: language, speaker, ...
+        keep = ("id", "text", "scene", "system", "seed", "chunk") + family + FIELD_NAMES
         prompts.write_text("".join(json.dumps(_rerun_row(r, keep)) + "\n" for r in picked))
         again = Path(tmp) / "out"
         run_generate(GenerateOptions(

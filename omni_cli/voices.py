@@ -141,9 +141,6 @@ def encode_clips(model, clips: dict[str, Clip], read_cache: bool = True) -> tupl
     clip is resampled to the model's rate (runners/resample.py: torchaudio's algorithm) and
     encoded once; all uncached clips go to the encoder in one call (one by one after a failure,
     so that only a clip that fails fails its rows)."""
-    from omni_cli.runners.resample import resample
-    import torch
-
     stats = EncodeStats(distinct=len(clips))
     folder = cache_dir() / model.codec_identity.replace("sha256:", "")[:32]
     out: dict[str, np.ndarray | Exception] = {}
@@ -160,11 +157,7 @@ def encode_clips(model, clips: dict[str, Clip], read_cache: bool = True) -> tupl
         todo.append(sha)
     if not todo:
         return out, stats
-    audio = {}
-    for sha in todo:
-        c = clips[sha]
-        x = torch.from_numpy(c.samples)
-        audio[sha] = resample(x, c.rate, model.sample_rate).numpy() if c.rate != model.sample_rate else c.samples
+    audio = {sha: at_rate(clips[sha], model.sample_rate) for sha in todo}
     try:
         codes = dict(zip(todo, model.encode_audio([audio[s] for s in todo])))
     except Exception:  # noqa: BLE001  (one bad clip must not fail the others: again one by one)
@@ -180,6 +173,25 @@ def encode_clips(model, clips: dict[str, Clip], read_cache: bool = True) -> tupl
             stats.encoded += 1
             _store(folder / f"{sha}.npy", got)
     return out, stats
+
+
+def at_rate(clip: Clip, rate: int) -> np.ndarray:
+    """The clip's samples at `rate` (runners/resample.py: torchaudio's algorithm), mono float32."""
+    import torch
+
+    from omni_cli.runners.resample import resample
+
+    return resample(torch.from_numpy(clip.samples), clip.rate, rate).numpy() if clip.rate != rate else clip.samples
+
+
+def speakers_of(model, clips: dict[str, Clip]) -> dict[str, np.ndarray | Exception]:
+    """sha256 -> the clip's speaker embedding, where the family's prompts take one (else {})."""
+    shas = sorted(clips)
+    try:
+        got = model.speaker_embeddings([at_rate(clips[s], model.sample_rate) for s in shas])
+    except Exception as e:  # noqa: BLE001  (the rows of these clips fail, the run goes on)
+        return dict.fromkeys(shas, e)
+    return {} if got is None else dict(zip(shas, got))
 
 
 def _store(path: Path, codes: np.ndarray) -> None:
@@ -209,16 +221,18 @@ def attach_references(rows: list, model, clips: dict[str, Clip]) -> EncodeStats:
     if not clips:
         return EncodeStats()
     codes, stats = encode_clips(model, clips)
+    speakers = speakers_of(model, clips)
     for r in rows:
         if r.error is not None or r.reference is None:
             continue
         voice, sha = r.reference
-        got = codes[sha]
-        if isinstance(got, Exception):
+        got, speaker = codes[sha], speakers.get(sha)
+        failed = got if isinstance(got, Exception) else speaker if isinstance(speaker, Exception) else None
+        if failed is not None:
             field = "voice" if voice.name else "ref_audio"
-            r.error = str(RowError(r.row, field, f"encoding {voice.path} failed: {type(got).__name__}: {got}"))
+            r.error = str(RowError(r.row, field, f"encoding {voice.path} failed: {type(failed).__name__}: {failed}"))
             continue
-        r.context = (AudioTurn(voice.text, got),)
+        r.context = (AudioTurn(voice.text, got, speaker),)
     return stats
 
 

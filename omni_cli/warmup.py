@@ -39,9 +39,9 @@ def warm_up_lm(runner, queued: list[Request], max_seq_len: int, async_decode: bo
     def request(i: int, frames: int) -> Request:  # no more frames than the template's (its KV fits)
         params = replace(template.params, max_new_frames=min(frames, template.params.max_new_frames),
                          min_new_frames=0)
-        prompt = queued[i].prompt_ids if i < len(queued) else template.prompt_ids
+        prompt = queued[i].prompt if i < len(queued) else template.prompt  # its tracks and audio, not just ids
         if len(prompt) + params.max_new_frames > max_seq_len:
-            prompt = template.prompt_ids
+            prompt = template.prompt
         return Request(rid=f"warm-up-{i}", prompt=prompt, params=params, seed=template.seed)
 
     for batch in ([request(i, 2 + depth - i.bit_length()) for i in range(rows)], [request(0, 1)]):

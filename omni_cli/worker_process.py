@@ -105,8 +105,8 @@ class WorkerIO(LocalIO):
     def clear_temporaries(self, out: Path) -> None:
         pass  # the parent's, before and after the workers: others write theirs meanwhile
 
-    def writer(self, out, fmt, sample_rate, kept, on_row):
-        return RelayWriter(self.link, out, fmt, sample_rate, kept)
+    def writer(self, out, fmt, sample_rate, kept, on_row, frame_rate: float = 25.0):
+        return RelayWriter(self.link, out, fmt, sample_rate, kept, None, frame_rate)
 
     def progress(self, total: int, quiet: bool):
         return RelayProgress(self.link, total)

@@ -146,9 +146,12 @@ def run_devices(opts):
     from omni_cli.folder import prepare_out_dir
     from omni_cli.job_settings import check_job
 
+    from omni_cli.job_settings import with_family_defaults
+
     t0 = time.perf_counter()
     if opts.shard is not None:
         raise OmniError("--devices and --shard exclude each other: --devices shares the rows out itself")
+    opts = with_family_defaults(opts)
     config, rows, info = check_job(opts)
     supervisor = _Supervisor(opts, config, rows)
     supervisor.prompt_info = info

@@ -82,6 +82,7 @@ class StepCollect:
     logprobs: np.ndarray  # [num_streams] float32
     raw_logprobs: np.ndarray | None  # [num_streams] float32, with --raw-logprobs
     stopped: bool
+    keep: bool = True  # False: the stop frame is not one of the row's frames (Qwen3-TTS's codec EOS)
 
 
 @dataclass
@@ -184,6 +185,19 @@ class ModelRunner:
         """Host half of post_decode: read ``launch_buf`` into ``result.host``."""
         raise NotImplementedError(f"{type(self).__name__} does not support async decode")
 
+    def stage_payload(self, result: BatchResult, fb: ForwardBatch) -> torch.Tensor:
+        """post_decode_launch for a family whose publish packs the host's share in one payload
+        [B, n]: its non-blocking copy into the next host staging buffer, which is returned."""
+        payload = result.payload_gpu
+        staging = self.next_host_staging((self.num_slots, payload.shape[1]), payload.dtype)
+        staging[: fb.batch_size].copy_(payload, non_blocking=True)
+        return staging
+
+    def unstage_payload(self, launch_buf: torch.Tensor, result: BatchResult, fb: ForwardBatch) -> None:
+        """post_decode_resolve's twin of stage_payload: the rows copied out (the buffer is refilled by
+        the launch after next) into ``result.host``."""
+        result.host = launch_buf[: fb.batch_size].numpy().copy()
+
     def next_host_staging(self, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
         """One of two host staging buffers, alternating per call (allocated on first use)."""
         if not self._host_staging:
@@ -283,10 +297,11 @@ class ModelRunner:
         for req, got in zip(requests, collected):
             if req.rid in skip:
                 continue
-            req.frames.append(got.tokens)
-            req.logprobs.append(got.logprobs)
-            if got.raw_logprobs is not None:
-                req.raw_logprobs.append(got.raw_logprobs)
+            if got.keep:
+                req.frames.append(got.tokens)
+                req.logprobs.append(got.logprobs)
+                if got.raw_logprobs is not None:
+                    req.raw_logprobs.append(got.raw_logprobs)
             if got.stopped:
                 reason = "stop"
             elif req.generation_steps >= req.params.max_new_frames:

@@ -11,6 +11,7 @@ import contextlib
 import os
 import sys
 import threading
+import time
 
 import torch
 
@@ -169,6 +170,23 @@ def free_memory(device: torch.device) -> int | None:
         return None
     torch.cuda.synchronize(device)
     return torch.cuda.mem_get_info(device)[0]
+
+
+class Laps:
+    """Seconds between calls, by name (a load's phases); each waits for the device first, so a
+    phase's queued kernels count in that phase."""
+
+    def __init__(self, device: torch.device):
+        self.device = device
+        self.done: dict[str, float] = {}
+        self._t = time.perf_counter()
+
+    def __call__(self, name: str) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        now = time.perf_counter()
+        self.done[name] = round(now - self._t, 3)
+        self._t = now
 
 
 def host_available() -> int | None:

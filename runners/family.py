@@ -39,7 +39,8 @@ from .errors import ConfigError
 from .prompt_input import PromptInput
 
 # family name (the YAML's `family:`) -> its module under runners/ and its ModelFamily class
-_REGISTRY = {"higgs_audio_v2": (".higgs_audio_v2.family", "HiggsAudioV2")}
+_REGISTRY = {"higgs_audio_v2": (".higgs_audio_v2.family", "HiggsAudioV2"),
+             "qwen3_tts": (".qwen3_tts.family", "Qwen3TTS")}
 
 
 @dataclass(frozen=True)
@@ -67,6 +68,8 @@ class FamilyLimits:
     control_ids: tuple[int, ...]  # ids the model forces itself (Higgs: stream BOS/EOS), never suppressed
     min_audio_frames: int = 1  # the fewest generated frames that hold one frame of audio (Higgs: its delay ramp)
     max_positions: int | None = None  # the longest context the checkpoint names (max_position_embeddings)
+    sampling_defaults: tuple = ()  # (field, value) the checkpoint's generation config sets, under the YAML's
+    unused_fields: tuple[str, ...] = ()  # sampling fields this model does not read: setting one is an error
 
 
 @dataclass(frozen=True)
@@ -74,8 +77,9 @@ class AudioTurn:
     """An earlier turn of a prompt's conversation: the words, and the voice saying them as codec
     codes (a reference clip, or a long row's previous chunk)."""
 
-    text: str
+    text: str | None  # None: a voice given by its sound alone (Qwen3-TTS's x_vector_only_mode)
     codes: np.ndarray  # [frames, num_streams] int64 codec codes (no stream BOS/EOS, no delay)
+    speaker: np.ndarray | None = None  # [D] float32: the voice's speaker embedding, where the family takes one
 
 
 @dataclass(frozen=True)
@@ -84,6 +88,14 @@ class RenderedPrompt:
 
     text: str
     audio: tuple[np.ndarray, ...] = ()
+    data: object = None  # a family's own rendering beside the text (Qwen3-TTS: its talker prompt)
+
+
+@dataclass(frozen=True)
+class FieldProblem:
+    field: str
+    message: str
+    warning: bool = False  # the row runs, and its manifest entry says so (the reference ignores the field)
 
 
 class PromptFieldError(ValueError):
@@ -103,12 +115,16 @@ class Prompter(Protocol):
     frame_rate: float  # codec frames a second
     num_streams: int  # codes a frame
 
-    def render_prompt(self, text: str, system: str, scene: str | None,
-                      context: tuple[AudioTurn, ...] = ()) -> RenderedPrompt:
+    def render_prompt(self, text: str, system: str, scene: str | None, context: tuple[AudioTurn, ...] = (),
+                      fields: dict | None = None) -> RenderedPrompt:
         """As ModelFamily.render_prompt."""
 
     def encode_prompts(self, rendered: list[RenderedPrompt]) -> list[PromptInput]:
         """As ModelFamily.encode_prompts."""
+
+    def field_problems(self, fields: dict, reference: bool, ref_text: bool) -> list["FieldProblem"]:
+        """What is wrong with a row's family fields (``row_fields``), given whether it has a reference
+        clip and a transcript of it: errors fail the row, warnings go into its manifest entry."""
 
     def reference_frames(self, samples: int) -> int:
         """Codec frames that encoding a clip of this many samples (at sample_rate) gives; 0 where it
@@ -137,6 +153,9 @@ class RowCodec(Protocol):
 
 class ModelFamily(abc.ABC):
     """One model family, loaded. ``load`` builds it; the job uses only these members."""
+
+    default_chunk_method: str = "auto"  # long text's chunking when the run names none (omni_cli/longform.py)
+    unused_row_fields: tuple[str, ...] = ()  # common row fields this family's prompts ignore: giving one fails the row
 
     runner: ModelRunner  # the step hooks (runners/base.py)
     codec: CodecStage  # the family's RowCodec inside the generic codec stage
@@ -188,11 +207,17 @@ class ModelFamily(abc.ABC):
         """Prompt building without weights (validation); None where the family has none."""
         return None
 
+    @classmethod
+    def row_fields(cls) -> dict[str, type]:
+        """Row fields of this family's own beside the common ones (text, scene, system, the
+        reference, sampling), by name, with the type a value must have."""
+        return {}
+
     @abc.abstractmethod
-    def render_prompt(self, text: str, system: str, scene: str | None,
-                      context: tuple[AudioTurn, ...] = ()) -> RenderedPrompt:
-        """A row's prompt (the checkpoint's chat template), after the earlier turns in ``context``;
-        PromptFieldError names a bad field."""
+    def render_prompt(self, text: str, system: str, scene: str | None, context: tuple[AudioTurn, ...] = (),
+                      fields: dict | None = None) -> RenderedPrompt:
+        """A row's prompt (the checkpoint's chat template), after the earlier turns in ``context``,
+        with the row's own ``row_fields`` values; PromptFieldError names a bad field."""
 
     @abc.abstractmethod
     def encode_prompts(self, rendered: list[RenderedPrompt]) -> list[PromptInput]:
@@ -208,6 +233,20 @@ class ModelFamily(abc.ABC):
         [frames, num_streams] int64 each, in order. NotImplementedError where the family
         cannot encode."""
         raise NotImplementedError(f"{type(self).__name__} does not encode reference audio")
+
+    def speaker_embeddings(self, clips: list[np.ndarray]) -> list[np.ndarray] | None:
+        """A speaker embedding [D] float32 of each clip (mono, at sample_rate) where the family's prompts
+        take one (AudioTurn.speaker); None where they do not."""
+        return None
+
+    def codec_prefix(self, prompt: PromptInput) -> np.ndarray | None:
+        """Generated-frame rows [F, num_streams] the codec decodes before a row's own frames (Qwen3-TTS's
+        in-context reference), or None; the audio is then cut by ``prefix_cut``."""
+        return None
+
+    def prefix_cut(self, prefix_frames: int, total_frames: int, samples: int) -> int:
+        """Samples of a decode of prefix + row frames that belong to the prefix (and are dropped)."""
+        return prefix_frames * self.codec.hop_length
 
     @property
     def codec_identity(self) -> str:

@@ -35,10 +35,19 @@ class AudioSpan:
 class PromptInput:
     ids: list[int]  # every position's token id, audio placeholders included
     audio: tuple[AudioSpan, ...] = ()
-    # the ids with each audio position replaced by its frame key (computed once)
+    # a family's own per-row data beside the ids (Qwen3-TTS: its codec track, speaker, trailing text)
+    extra: object = field(default=None, compare=False)
+    # a family's content key where the ids alone do not tell prompts apart (equal keys: equal KV)
+    key: tuple[int, ...] | None = field(default=None, compare=False)
+    # the ids with each audio position replaced by its frame key (computed once), or the family's key
     content: list[int] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
+        if self.key is not None:
+            if len(self.key) != len(self.ids):
+                raise ValueError(f"a content key of {len(self.key)} positions for a {len(self.ids)}-token prompt")
+            object.__setattr__(self, "content", list(self.key))
+            return
         content = list(self.ids)
         for span in self.audio:
             if span.start < 0 or span.start + len(span.codes) > len(content):

@@ -1,7 +1,8 @@
-"""Slow subprocess checks started at collection and run one at a time on a background thread, so
-they use the second core while the suite runs on the first (CI has two); their tests, ordered
-last (conftest.py), then only collect the results. Each run is the same command its test would
-run itself: the outcome does not depend on when it ran."""
+"""Slow checks started at collection and run one at a time on a background thread, so they use the
+second core while the suite runs on the first (CI has two); their tests, ordered last
+(conftest.py), then only collect the results. A check is a script of tests/ run as a subprocess
+(the kernel checks in Triton's interpreter, the fresh-venv install): the same work its test would
+do, in a process of its own, so neither its outcome nor the suite's depends on when it ran."""
 
 from __future__ import annotations
 
@@ -15,13 +16,17 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 
+# NOTE: the background thread only waits on subprocesses: a library a check imported into this
+# process could change process-wide state (MKL's thread count) under the tests running beside it
 _jobs: dict[str, Future] = {}
 _current: list[subprocess.Popen] = []
 
 
-def interpreter_command(script: str) -> tuple[list[str], dict]:
-    """A kernel check in Triton's CPU interpreter (tests/interpret_*.py)."""
-    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(REPO)}
+def command(script: str) -> tuple[list[str], dict]:
+    """tests/<script>.py as a subprocess; a kernel check (interpret_*) in Triton's CPU interpreter."""
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    if script.startswith("interpret_"):
+        env["TRITON_INTERPRET"] = "1"
     return [sys.executable, "-m", f"tests.{script}"], env
 
 
@@ -43,7 +48,7 @@ def result(script: str, timeout: float = 1200) -> subprocess.CompletedProcess:
 
 def _run_all(scripts: list[str]) -> None:
     for script in scripts:
-        cmd, env = interpreter_command(script)
+        cmd, env = command(script)
         try:
             # niced: the suite's own torch threads come first (an OpenMP barrier waits for its slowest thread)
             proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,

@@ -22,7 +22,12 @@ def pytest_collection_modifyitems(config, items):
     from tests import background
 
     interp = [item for item in items if item.originalname == "test_kernels_in_interpreter"]
-    items[:] = [item for item in items if item not in interp] + interp
+    venv = [item for item in items if item.originalname == "test_readme_command_in_fresh_venv"]
+    items[:] = [item for item in items if item not in interp + venv] + venv + interp
+    if venv:
+        from tests.test_fresh_venv import JOB
+
+        background.start([JOB])
     background.start([item.callspec.params["script"] for item in interp])
     if torch.cuda.is_available():
         return

@@ -38,9 +38,8 @@ def _patch_interpreter_dot() -> None:
         if a.data.dtype != np.float32 or b.data.dtype != np.float32:
             return orig(self, a, b, d, input_precision, max_num_imprecise_acc)
         x, y = a.data, b.data  # [M, K] @ [K, N] (a leading batch dim too)
-        tile = np.zeros(x.shape[:-1] + y.shape[-1:], dtype=np.float32)
-        for k in range(x.shape[-1]):
-            tile += x[..., :, k:k + 1] * y[..., k:k + 1, :]
+        products = x[..., :, :, None] * y[..., None, :, :]  # [M, K, N], each rounded to float32
+        tile = np.add.accumulate(products, axis=-2, dtype=np.float32)[..., -1, :]  # in k order, one add at a time
         return interp.TensorHandle((tile + d.data).astype(d.data.dtype), d.dtype.scalar)
 
     orig = interp.InterpreterBuilder.create_dot

@@ -4,17 +4,18 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import time
 from pathlib import Path
 
 import numpy as np
 import torch
 
+from ..device import Laps
 from ..budget import KVShape, build_engine
 from ..checkpoint import INDEX, PTH, SINGLE, resolve_file, resolve_folder, resolve_meta, stream_into, weight_files
 from ..codec_stage import CodecStage
 from ..family import AudioTurn, FamilyLimits, LoadSpec, ModelFamily, PromptFieldError, RenderedPrompt
 from ..prompt_input import PromptInput
+from ..sampling.params import SUBTALKER_FIELDS
 from .codec import HiggsCodecDecoder
 from .codec_layout import frame_config
 from .config import HiggsConfig
@@ -93,7 +94,7 @@ class HiggsAudioV2(ModelFamily):
 
     @classmethod
     def load(cls, spec: LoadSpec) -> "HiggsAudioV2":
-        laps = _Laps(spec.device)  # where start-up goes (run.json: timings.load_phases)
+        laps = Laps(spec.device)  # where start-up goes (run.json: timings.load_phases)
         lm_dir = resolve_folder(spec.checkpoint, "checkpoint")
         codec_dir = resolve_folder(spec.codec, "codec", pth=True)
         cfg = HiggsConfig.from_file(lm_dir / "config.json")
@@ -136,7 +137,8 @@ class HiggsAudioV2(ModelFamily):
         return FamilyLimits(num_streams=cfg.num_codebooks, vocab_size=cfg.codebook_size,
                             control_ids=(cfg.audio_stream_bos_id, cfg.audio_stream_eos_id),
                             min_audio_frames=cfg.num_codebooks + 1,
-                            max_positions=positions if isinstance(positions, int) else None)
+                            max_positions=positions if isinstance(positions, int) else None,
+                            unused_fields=SUBTALKER_FIELDS)
 
     @classmethod
     def prompter(cls, checkpoint: str, codec: str) -> HiggsPrompter:
@@ -145,9 +147,9 @@ class HiggsAudioV2(ModelFamily):
         return _prompter(lm_dir, HiggsConfig.from_file(lm_dir / "config.json"),
                          resolve_file(codec, "config.json", "codec"))
 
-    def render_prompt(self, text: str, system: str, scene: str | None,
-                      context: tuple[AudioTurn, ...] = ()) -> RenderedPrompt:
-        return self.prompts.render_prompt(text, system, scene, context)
+    def render_prompt(self, text: str, system: str, scene: str | None, context: tuple[AudioTurn, ...] = (),
+                      fields: dict | None = None) -> RenderedPrompt:
+        return self.prompts.render_prompt(text, system, scene, context, fields)
 
     def encode_prompts(self, rendered: list[RenderedPrompt]) -> list[PromptInput]:
         return self.prompts.encode_prompts(rendered)
@@ -197,21 +199,6 @@ def codec_digest(folder: Path) -> str:
     return h.hexdigest()
 
 
-class _Laps:
-    """Seconds between calls, by name; each waits for the device first, so a phase's queued
-    kernels count in that phase."""
-
-    def __init__(self, device: torch.device):
-        self.device = device
-        self.done: dict[str, float] = {}
-        self._t = time.perf_counter()
-
-    def __call__(self, name: str) -> None:
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
-        now = time.perf_counter()
-        self.done[name] = round(now - self._t, 3)
-        self._t = now
 
 
 @contextlib.contextmanager

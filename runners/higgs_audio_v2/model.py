@@ -35,6 +35,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from ..attention import AttentionContext
+from ..norms import RMSNorm
 from .config import HiggsConfig
 
 
@@ -76,19 +77,6 @@ class TokenSplit:
 
 
 _TEXT_ONLY = TokenSplit(None, all_audio=False)  # every prefill token on the text path
-
-
-class RMSNorm(nn.Module):
-    def __init__(self, dim: int, eps: float):
-        super().__init__()
-        self.weight = nn.Parameter(torch.ones(dim))
-        self.eps = eps
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        dtype = x.dtype
-        x32 = x.float()
-        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * x32.to(dtype)
 
 
 def _fuse_linears(linears: list[nn.Linear]) -> tuple[torch.Tensor, torch.Tensor | None]:

@@ -20,7 +20,7 @@ import numpy as np
 
 from ..errors import OmniError
 from ..chat_template import ChatTokenizer
-from ..family import AudioTurn, PromptFieldError, RenderedPrompt
+from ..family import AudioTurn, FieldProblem, PromptFieldError, RenderedPrompt
 from ..prompt_input import AudioSpan, PromptInput
 from .encoder import encoded_frames
 
@@ -134,8 +134,8 @@ class HiggsPrompter:
         self.frame_rate = self.sample_rate / int(np.prod([int(r) for r in ratios]))
         self.num_streams = num_streams
 
-    def render_prompt(self, text: str, system: str, scene: str | None,
-                      context: tuple[AudioTurn, ...] = ()) -> RenderedPrompt:
+    def render_prompt(self, text: str, system: str, scene: str | None, context: tuple[AudioTurn, ...] = (),
+                      fields: dict | None = None) -> RenderedPrompt:
         try:
             rendered = self.builder.render(text, system, scene, context)
         except ValueError as e:
@@ -147,3 +147,9 @@ class HiggsPrompter:
 
     def reference_frames(self, samples: int) -> int:
         return encoded_frames(self.codec_config, samples)
+
+    def field_problems(self, fields: dict, reference: bool, ref_text: bool) -> list[FieldProblem]:
+        """Higgs has no fields of its own; a reference clip is an earlier turn, which needs its words."""
+        if reference and not ref_text:
+            return [FieldProblem("ref_text", "ref_audio needs ref_text, the transcript of the reference")]
+        return []

@@ -122,14 +122,10 @@ class HiggsRunner(ModelRunner):
         result.host = result.payload_gpu.cpu().numpy()  # published by the decode step
 
     def post_decode_launch(self, result: BatchResult, fb: ForwardBatch, requests) -> torch.Tensor:
-        payload = result.payload_gpu
-        staging = self.next_host_staging((self.num_slots, payload.shape[1]), payload.dtype)
-        staging[: fb.batch_size].copy_(payload, non_blocking=True)
-        return staging
+        return self.stage_payload(result, fb)
 
     def post_decode_resolve(self, launch_buf: torch.Tensor, result: BatchResult, fb: ForwardBatch, requests) -> None:
-        # copy out: the buffer is refilled by the launch after next
-        result.host = launch_buf[: fb.batch_size].numpy().copy()
+        self.unstage_payload(launch_buf, result, fb)
 
     def collect_outputs(self, result: BatchResult, fb: ForwardBatch, requests) -> list[StepCollect]:
         c, h = self.num_streams, result.host

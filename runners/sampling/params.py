@@ -27,6 +27,10 @@ class SamplingParams:
     suppress_tokens: tuple[int, ...] = ()
     max_new_frames: int = 1024
     min_new_frames: int = 0  # stream-EOS is not allowed before this many frames
+    # a code predictor's draws inside a frame (Qwen3-TTS's subtalker); None: the model has none, or its default
+    subtalker_temperature: float | None = None
+    subtalker_top_k: int | None = None
+    subtalker_top_p: float | None = None
 
     @property
     def greedy(self) -> bool:
@@ -43,8 +47,9 @@ class SamplingParams:
             raise ValueError(f"min_new_frames ({self.min_new_frames}) exceeds max_new_frames ({self.max_new_frames})")
 
     def as_record(self) -> dict[str, Any]:
-        """The values as a manifest records them (enough to regenerate the row)."""
-        d = {f.name: getattr(self, f.name) for f in fields(self)}
+        """The values as a manifest records them (enough to regenerate the row); a field a model does
+        not use (None) is left out."""
+        d = {f.name: getattr(self, f.name) for f in fields(self) if getattr(self, f.name) is not None}
         d["suppress_tokens"] = list(self.suppress_tokens)
         return d
 
@@ -81,6 +86,8 @@ _RULES: dict[str, tuple[type, Any, str]] = {
     "max_new_frames": (int, lambda v: 1 <= v <= INT_MAX, f"an integer from 1 to {INT_MAX}"),
     "min_new_frames": (int, lambda v: 0 <= v <= INT_MAX, f"an integer from 0 to {INT_MAX}"),
 }
+_RULES |= {f"subtalker_{name}": _RULES[name] for name in ("temperature", "top_k", "top_p")}
+SUBTALKER_FIELDS = ("subtalker_temperature", "subtalker_top_k", "subtalker_top_p")
 
 
 def _finite(v: Any) -> bool:

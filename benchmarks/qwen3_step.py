@@ -1,0 +1,114 @@
+"""Qwen3-TTS's decode step on the GPU, as it stands: ms a frame (talker step + 15 predictor sub-steps
++ 16 draws, one graph replay) at the 0.6B and 1.7B shapes with random bf16 weights, sync and
+async, by batch size. A probe for issue 44's targets (0.6B: 1.5 ms a frame at batch 1, 3.0 at 64;
+1.7B: 2.5 at batch 1); `omni bench --shape qwen3-tts-*` is still to come.
+
+The shapes are the released configs' (talker 28 layers, 16 heads, 8 KV heads, head_dim 128; hidden /
+intermediate 1024 / 3072 at 0.6B, 2048 / 8192 at 1.7B; predictor 5 layers, hidden 1024, intermediate
+3072, 2048 codes; text embedding 151936 x 2048), laid over configs/tiny-qwen3-tts's config.json,
+whose codec ids are shifted back to the release's.
+
+    python benchmarks/qwen3_step.py --shape 0.6b --batch 1 --batch 64 --out step.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+REPO = Path(__file__).resolve().parent.parent
+SHAPES = {"0.6b": (1024, 3072), "1.7b": (2048, 8192)}  # talker hidden, intermediate
+SHIFT = 2016  # the tiny checkpoint's codec ids sit 2016 below the release's (its codebooks hold 32 codes)
+
+
+def release_config(shape: str) -> dict:
+    cfg = json.loads((REPO / "configs/tiny-qwen3-tts/config.json").read_text())
+    t, cp = cfg["talker_config"], cfg["talker_config"]["code_predictor_config"]
+    hidden, inter = SHAPES[shape]
+    t.update(hidden_size=hidden, intermediate_size=inter, num_hidden_layers=28, num_attention_heads=16,
+             num_key_value_heads=8, head_dim=128, vocab_size=3072, text_hidden_size=2048, text_vocab_size=151936)
+    for key in [k for k in t if k.startswith("codec_") and isinstance(t[k], int)]:
+        t[key] += SHIFT
+    t["codec_language_id"] = {k: v + SHIFT for k, v in t["codec_language_id"].items()}
+    cp.update(hidden_size=1024, intermediate_size=3072, num_hidden_layers=5, num_attention_heads=16,
+              num_key_value_heads=8, head_dim=128, vocab_size=2048)
+    return cfg
+
+
+def run(shape: str, batches: list[int], frames: int, prompt_len: int, peers: list[str]) -> list[dict]:
+    from omni_cli.loop import run_loop
+    from omni_cli.runners.attention import KVCache
+    from omni_cli.runners.engine import Engine
+    from omni_cli.runners.qwen3_tts.config import GenerationDefaults, Qwen3TTSConfig
+    from omni_cli.runners.qwen3_tts.runner import Qwen3Runner
+    from omni_cli.runners.qwen3_tts.talker import Talker
+    from omni_cli.runners.sampling.params import SamplingParams
+    from omni_cli.scheduler import Request, Scheduler
+    from omni_cli.warmup import warm_up_lm
+
+    dev, dtype = torch.device("cuda"), torch.bfloat16
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "config.json"
+        path.write_text(json.dumps(release_config(shape)))
+        cfg = Qwen3TTSConfig.from_file(path)
+    max_seq = prompt_len + frames + 8
+    torch.manual_seed(0)
+    with torch.device(dev):
+        model = Talker(cfg, max_seq).to(dtype)
+    model = model.to_runtime(dev, dtype)
+    t = cfg.talker
+    params = SamplingParams(temperature=0.9, top_k=50, top_p=1.0, repetition_penalty=1.05, max_new_frames=frames,
+                            min_new_frames=frames, subtalker_temperature=0.9, subtalker_top_k=50, subtalker_top_p=1.0)
+    rng = np.random.default_rng(0)
+    rows = []
+    for b in batches:
+        for peer in peers:
+            kv = KVCache(t.num_hidden_layers, b + 1, t.num_key_value_heads, max_seq, t.head_dim, dtype, dev)
+            engine = Engine(model, kv, dev)
+            engine.use_graphs()
+            runner = Qwen3Runner(engine, cfg, GenerationDefaults(), b, max_seq, dev)
+            reqs = [Request(rid=f"r{i}", prompt=rng.integers(0, 150000, prompt_len).tolist(), params=params, seed=i)
+                    for i in range(b)]
+            warm_up_lm(runner, reqs, max_seq, peer == "async")
+            sched = Scheduler(b, max_seq)
+            for r in reqs:
+                sched.add(r)
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            stats = run_loop(sched, runner, lambda rs: None, lambda n, st: None, peer == "async")
+            wall = time.perf_counter() - t0
+            steps = stats.step_ms[5:]
+            rows.append({"shape": shape, "peer": peer, "batch": b, "ms_per_frame": float(np.median(steps)),
+                         "audio_s_per_s": b * frames / 12.5 / wall, "frames": frames})
+            print(f"{shape:>5} {peer:<6} {b:>5} {rows[-1]['ms_per_frame']:>9.2f} ms/frame "
+                  f"{rows[-1]['audio_s_per_s']:>9.1f} audio-s/s", flush=True)
+            del engine, kv, runner
+            torch.cuda.empty_cache()
+    return rows
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--shape", action="append", choices=sorted(SHAPES))
+    ap.add_argument("--batch", type=int, action="append")
+    ap.add_argument("--frames", type=int, default=100)
+    ap.add_argument("--prompt-len", type=int, default=32)
+    ap.add_argument("--peers", default="sync,async")
+    ap.add_argument("--out", type=Path)
+    a = ap.parse_args()
+    rows = []
+    for shape in a.shape or ["0.6b"]:
+        rows += run(shape, a.batch or [1, 8, 64], a.frames, a.prompt_len, a.peers.split(","))
+    info = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "rows": rows}
+    if a.out:
+        a.out.write_text(json.dumps(info, indent=2))
+
+
+if __name__ == "__main__":
+    main()

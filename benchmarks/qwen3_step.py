@@ -41,7 +41,35 @@ def release_config(shape: str) -> dict:
     return cfg
 
 
-def run(shape: str, batches: list[int], frames: int, prompt_len: int, peers: list[str]) -> list[dict]:
+def profile(runner, sched, run_loop, steps: int = 20) -> dict:
+    """Kernels a frame and where the GPU's time goes, from torch.profiler over `steps` decode steps."""
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as torch_profile
+
+    count = {"n": 0}
+
+    def stop(n, st):
+        count["n"] += 1
+        if count["n"] >= steps:
+            raise StopIteration
+
+    with torch_profile(activities=[ProfilerActivity.CUDA, ProfilerActivity.CPU]) as prof:
+        try:
+            run_loop(sched, runner, lambda rs: None, stop, False)
+        except StopIteration:
+            pass
+        torch.cuda.synchronize()
+    events = [e for e in prof.events() if e.device_type.name == "CUDA"]
+    by_name: dict[str, list] = {}
+    for e in events:
+        by_name.setdefault(e.name, []).append(e.device_time_total if hasattr(e, "device_time_total") else e.cuda_time_total)
+    top = sorted(by_name.items(), key=lambda kv: -sum(kv[1]))[:15]
+    return {"kernels_per_frame": len(events) / steps, "gpu_us_per_frame": sum(sum(v) for v in by_name.values()) / steps,
+            "top": [(name[:90], len(v) / steps, sum(v) / steps) for name, v in top]}
+
+
+def run(shape: str, batches: list[int], frames: int, prompt_len: int, peers: list[str],
+        with_profile: bool = False) -> list[dict]:
     from omni_cli.loop import run_loop
     from omni_cli.runners.attention import KVCache
     from omni_cli.runners.engine import Engine
@@ -88,6 +116,16 @@ def run(shape: str, batches: list[int], frames: int, prompt_len: int, peers: lis
                          "audio_s_per_s": b * frames / 12.5 / wall, "frames": frames})
             print(f"{shape:>5} {peer:<6} {b:>5} {rows[-1]['ms_per_frame']:>9.2f} ms/frame "
                   f"{rows[-1]['audio_s_per_s']:>9.1f} audio-s/s", flush=True)
+            if with_profile and peer == "sync":
+                again = [Request(rid=f"p{i}", prompt=r.prompt, params=params, seed=i) for i, r in enumerate(reqs)]
+                sched = Scheduler(b, max_seq)
+                for r in again:
+                    sched.add(r)
+                rows[-1]["profile"] = prof = profile(runner, sched, run_loop)
+                print(f"      {prof['kernels_per_frame']:.0f} kernels a frame, {prof['gpu_us_per_frame'] / 1e3:.2f} ms "
+                      "of GPU time a frame; top:", flush=True)
+                for name, n, us in prof["top"]:
+                    print(f"      {us / 1e3:8.3f} ms  {n:6.1f}x  {name}", flush=True)
             del engine, kv, runner
             torch.cuda.empty_cache()
     return rows
@@ -101,10 +139,11 @@ def main() -> None:
     ap.add_argument("--prompt-len", type=int, default=32)
     ap.add_argument("--peers", default="sync,async")
     ap.add_argument("--out", type=Path)
+    ap.add_argument("--profile", action="store_true", help="also count kernels and GPU time a frame (sync peer)")
     a = ap.parse_args()
     rows = []
     for shape in a.shape or ["0.6b"]:
-        rows += run(shape, a.batch or [1, 8, 64], a.frames, a.prompt_len, a.peers.split(","))
+        rows += run(shape, a.batch or [1, 8, 64], a.frames, a.prompt_len, a.peers.split(","), a.profile)
     info = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "rows": rows}
     if a.out:
         a.out.write_text(json.dumps(info, indent=2))

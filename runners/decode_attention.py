@@ -63,11 +63,11 @@ def _tile(programs: int, device: torch.device) -> tuple[int, int]:
 
 
 @triton.jit
-def _scores(q, k, key_ok, m, l, scale, USE_DOT: tl.constexpr):
+def _scores(q, k, key_ok, m, l, scale, USE_DOT: tl.constexpr, PRECISION: tl.constexpr):
     """One block of keys into the online softmax: q [REP_PAD, D]; k [BLOCK, D]; key_ok [BLOCK];
     m, l [REP_PAD] float32 -> (m, l updated; p [REP_PAD, BLOCK]; alpha [REP_PAD], the old terms' factor)."""
     if USE_DOT:
-        s = tl.dot(q, tl.trans(k)) * scale  # [REP_PAD, BLOCK] float32
+        s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale  # [REP_PAD, BLOCK] float32
     else:  # head_dim < 16 (test models): tl.dot needs K >= 16
         s = tl.sum(q.to(tl.float32)[:, None, :] * k.to(tl.float32)[None, :, :], 2) * scale
     s = tl.where(key_ok[None, :], s, float("-inf"))
@@ -78,10 +78,10 @@ def _scores(q, k, key_ok, m, l, scale, USE_DOT: tl.constexpr):
 
 
 @triton.jit
-def _values(p, alpha, v, acc, USE_DOT: tl.constexpr):
+def _values(p, alpha, v, acc, USE_DOT: tl.constexpr, PRECISION: tl.constexpr):
     """acc [REP_PAD, D] float32 rescaled by alpha, plus p [REP_PAD, BLOCK] @ v [BLOCK, D]."""
     if USE_DOT:
-        pv = tl.dot(p.to(v.dtype), v)
+        pv = tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
     else:
         pv = tl.sum(p.to(v.dtype).to(tl.float32)[:, :, None] * v.to(tl.float32)[None, :, :], 1)
     return acc * alpha[:, None] + pv
@@ -93,6 +93,7 @@ def _decode_attention_kernel(
     stride_qb, stride_qh, stride_ob, stride_oh, stride_cs, stride_ch, stride_ct,
     scale,
     REP: tl.constexpr, REP_PAD: tl.constexpr, D: tl.constexpr, BLOCK: tl.constexpr, USE_DOT: tl.constexpr,
+    PRECISION: tl.constexpr,
     PDL: tl.constexpr,
 ):
     # rows > 1 in the default mode (one row: _one_row_kernel below), any rows in deterministic mode.
@@ -117,9 +118,9 @@ def _decode_attention_kernel(
         key_ok = n < length
         offs = base + n[:, None] * stride_ct + d[None, :]
         k = tl.load(k_ptr + offs, mask=key_ok[:, None], other=0.0)  # [BLOCK, D]
-        m, l, p, alpha = _scores(q, k, key_ok, m, l, scale, USE_DOT)
+        m, l, p, alpha = _scores(q, k, key_ok, m, l, scale, USE_DOT, PRECISION)
         v = tl.load(v_ptr + offs, mask=key_ok[:, None], other=0.0)
-        acc = _values(p, alpha, v, acc, USE_DOT)
+        acc = _values(p, alpha, v, acc, USE_DOT, PRECISION)
     out = acc / l[:, None]  # every row has length >= 1, so l > 0
     tl.store(out_ptr + row * stride_ob + heads[:, None] * stride_oh + d[None, :], out.to(out_ptr.dtype.element_ty),
              mask=head_ok[:, None])
@@ -131,6 +132,7 @@ def _one_row_kernel(
     stride_qh, stride_oh, stride_cs, stride_ch, stride_ct,
     scale,
     REP: tl.constexpr, REP_PAD: tl.constexpr, D: tl.constexpr, BLOCK: tl.constexpr, USE_DOT: tl.constexpr,
+    PRECISION: tl.constexpr,
     SPLITS: tl.constexpr, SPLIT_FROM: tl.constexpr, PDL: tl.constexpr,
 ):
     # One row: program (kv head, split) takes `per` blocks of the row's keys; the last of a head's
@@ -168,16 +170,16 @@ def _one_row_kernel(
         heads = kvh * REP + r
         q = tl.load(q_ptr + heads[:, None] * stride_qh + d[None, :], mask=head_ok[:, None], other=0.0)
         m, l, p, alpha = _scores(q, k, n < length, tl.full([REP_PAD], float("-inf"), tl.float32),
-                                 tl.zeros([REP_PAD], tl.float32), scale, USE_DOT)
-        acc = _values(p, alpha, v, tl.zeros([REP_PAD, D], tl.float32), USE_DOT)
+                                 tl.zeros([REP_PAD], tl.float32), scale, USE_DOT, PRECISION)
+        acc = _values(p, alpha, v, tl.zeros([REP_PAD, D], tl.float32), USE_DOT, PRECISION)
         for start in range(first + BLOCK, tl.minimum(length, first + per * BLOCK), BLOCK):
             nb = start + tl.arange(0, BLOCK)
             key_ok = nb < length
             offs = nb[:, None] * stride_ct + d[None, :]
             k = tl.load(k_base + offs, mask=key_ok[:, None], other=0.0)  # [BLOCK, D]
-            m, l, p, alpha = _scores(q, k, key_ok, m, l, scale, USE_DOT)
+            m, l, p, alpha = _scores(q, k, key_ok, m, l, scale, USE_DOT, PRECISION)
             v = tl.load(v_base + offs, mask=key_ok[:, None], other=0.0)
-            acc = _values(p, alpha, v, acc, USE_DOT)
+            acc = _values(p, alpha, v, acc, USE_DOT, PRECISION)
         last = True
         if parts > 1:
             part = (kvh * SPLITS + split) * REP_PAD + r
@@ -241,7 +243,9 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     out = torch.empty((b, 1, h, d), dtype=q.dtype, device=q.device).transpose(1, 2)  # o_proj reads [B, 1, H*D]
     rep_pad = max(16, triton.next_power_of_2(rep))
     block, warps = INVARIANT_TILE if invariant else (BLOCK_N, 4) if b == 1 else _tile(b * kvh, q.device)
-    shape = dict(REP=rep, REP_PAD=rep_pad, D=d, BLOCK=block, USE_DOT=d >= 16)
+    # float32 (parity runs) multiplies in full precision, not TF32
+    shape = dict(REP=rep, REP_PAD=rep_pad, D=d, BLOCK=block, USE_DOT=d >= 16,
+                 PRECISION="ieee" if q.dtype == torch.float32 else "tf32")
     strides = (k_cache.stride(0), k_cache.stride(1), k_cache.stride(2))
     if b == 1 and not invariant:
         early = pdl_launch(q.device, b)

@@ -7,8 +7,9 @@ in its GEMMs. These kernels do the same arithmetic, rounding where the
 PyTorch ops round (every bf16 op result is rounded to bf16; reductions and
 the norm run in float32), in one pass each:
   add_rmsnorm     x + delta (rounded), then RMSNorm of the sum: 2 outputs
-  rope_kv_write   rotary embedding of q and k from a fused qkv row, q to a
-                  buffer, k and v straight into the slot KV cache
+  rope_kv_write   rotary embedding of q and k from a fused qkv row (Qwen3: each
+                  head RMS-normed first), q to a buffer, k and v straight into
+                  the slot KV cache
   silu_mul        silu(gate) * up from a fused gate_up row
   snake           the codec's Snake activation (runners/higgs_audio_v2/codec.py),
                   optionally zero past each row's length (its padded batches), of
@@ -82,6 +83,25 @@ def add_rmsnorm(x: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tenso
 
 
 @triton.jit
+def rotate(x1, x2, half, pos, cos_ptr, sin_ptr, D: tl.constexpr):
+    # the reference: q * cos + rotate_half(q) * sin, each product and the sum
+    # rounded to the activation dtype; the float32 tables are cast first.
+    # HAZARD: on the H200 the compiled kernel does not round as written: its q differs from
+    # that formula in PyTorch in many values of a row, as if the bf16 round trips of the
+    # tables and products were folded away and only the sum rounded.
+    # The GPU test holds it to float64 rope within three bf16 roundings instead.
+    dt = x1.dtype
+    c1 = tl.load(cos_ptr + pos * D + half).to(dt).to(tl.float32)
+    c2 = tl.load(cos_ptr + pos * D + D // 2 + half).to(dt).to(tl.float32)
+    s1 = tl.load(sin_ptr + pos * D + half).to(dt).to(tl.float32)
+    s2 = tl.load(sin_ptr + pos * D + D // 2 + half).to(dt).to(tl.float32)
+    a1, a2 = x1.to(tl.float32), x2.to(tl.float32)
+    o1 = ((a1 * c1).to(dt).to(tl.float32) + (-a2 * s1).to(dt).to(tl.float32)).to(dt)
+    o2 = ((a2 * c2).to(dt).to(tl.float32) + (a1 * s2).to(dt).to(tl.float32)).to(dt)
+    return o1, o2
+
+
+@triton.jit
 def _rope_store(x1, x2, half, head, pos, slot, cos_ptr, sin_ptr, q_dst, k_cache_ptr, v_cache_ptr,
                 stride_cs, stride_ch, stride_ct, H: tl.constexpr, KVH: tl.constexpr, D: tl.constexpr):
     # heads of a qkv row, their dims `half` (x1) and D/2 + half (x2). head is a scalar (one head a
@@ -97,20 +117,7 @@ def _rope_store(x1, x2, half, head, pos, slot, cos_ptr, sin_ptr, q_dst, k_cache_
     dst = slot * stride_cs + kv_head.to(tl.int64) * stride_ch + pos * stride_ct
     tl.store(v_cache_ptr + dst + half, x1, mask=is_v)
     tl.store(v_cache_ptr + dst + D // 2 + half, x2, mask=is_v)
-    # the reference: q * cos + rotate_half(q) * sin, each product and the sum
-    # rounded to the activation dtype; the float32 tables are cast first.
-    # HAZARD: on the H200 the compiled kernel does not round as written: its q differs from
-    # that formula in PyTorch in many values of a row, as if the bf16 round trips of the
-    # tables and products were folded away and only the sum rounded.
-    # The GPU test holds it to float64 rope within three bf16 roundings instead.
-    dt = x1.dtype
-    c1 = tl.load(cos_ptr + pos * D + half).to(dt).to(tl.float32)
-    c2 = tl.load(cos_ptr + pos * D + D // 2 + half).to(dt).to(tl.float32)
-    s1 = tl.load(sin_ptr + pos * D + half).to(dt).to(tl.float32)
-    s2 = tl.load(sin_ptr + pos * D + D // 2 + half).to(dt).to(tl.float32)
-    a1, a2 = x1.to(tl.float32), x2.to(tl.float32)
-    o1 = ((a1 * c1).to(dt).to(tl.float32) + (-a2 * s1).to(dt).to(tl.float32)).to(dt)
-    o2 = ((a2 * c2).to(dt).to(tl.float32) + (a1 * s2).to(dt).to(tl.float32)).to(dt)
+    o1, o2 = rotate(x1, x2, half, pos, cos_ptr, sin_ptr, D)
     tl.store(q_dst + half, o1, mask=is_q)
     tl.store(q_dst + D // 2 + half, o2, mask=is_q)
     tl.store(k_cache_ptr + dst + half, o1, mask=is_k)
@@ -118,9 +125,22 @@ def _rope_store(x1, x2, half, head, pos, slot, cos_ptr, sin_ptr, q_dst, k_cache_
 
 
 @triton.jit
+def head_norm(x1, x2, w_ptr, half, eps, D: tl.constexpr):
+    # Qwen3's per-head RMSNorm of [NH, D/2] halves: normalised in float32, rounded, times the weight, rounded
+    a1, a2 = x1.to(tl.float32), x2.to(tl.float32)
+    rstd = tl.rsqrt(tl.sum(a1 * a1 + a2 * a2, 1) / D + eps)[:, None]
+    w1 = tl.load(w_ptr + half).to(tl.float32)
+    w2 = tl.load(w_ptr + D // 2 + half).to(tl.float32)
+    n1 = (w1 * (a1 * rstd).to(x1.dtype).to(tl.float32)).to(x1.dtype)
+    n2 = (w2 * (a2 * rstd).to(x1.dtype).to(tl.float32)).to(x1.dtype)
+    return n1, n2
+
+
+@triton.jit
 def _rope_kv_write_kernel(qkv_ptr, cos_ptr, sin_ptr, pos_ptr, slots_ptr, q_out_ptr, k_cache_ptr, v_cache_ptr,
-                          stride_cs, stride_ch, stride_ct,
-                          H: tl.constexpr, KVH: tl.constexpr, D: tl.constexpr, NH: tl.constexpr, PDL: tl.constexpr):
+                          qw_ptr, kw_ptr, eps, stride_cs, stride_ch, stride_ct,
+                          H: tl.constexpr, KVH: tl.constexpr, D: tl.constexpr, NH: tl.constexpr,
+                          QK_NORM: tl.constexpr, PDL: tl.constexpr):
     # one token (row) a program, all of its heads: [NH, D/2] pairs. A program per (row, head) was
     # 10,240 programs of 64 pairs at 256 rows, and slower (BENCHMARKS.md, the rope a row a program).
     _wait_predecessor(PDL)
@@ -131,25 +151,32 @@ def _rope_kv_write_kernel(qkv_ptr, cos_ptr, sin_ptr, pos_ptr, slots_ptr, q_out_p
     src = qkv_ptr + row * (H + 2 * KVH) * D + head * D
     x1 = tl.load(src + half, mask=live, other=0.0)
     x2 = tl.load(src + D // 2 + half, mask=live, other=0.0)
+    if QK_NORM:  # q heads by q_norm, k heads by k_norm, before the rotation; value heads as they are
+        q1, q2 = head_norm(x1, x2, qw_ptr, half, eps, D)
+        k1, k2 = head_norm(x1, x2, kw_ptr, half, eps, D)
+        x1 = tl.where(head < H, q1, tl.where(head < H + KVH, k1, x1))
+        x2 = tl.where(head < H, q2, tl.where(head < H + KVH, k2, x2))
     _rope_store(x1, x2, half, head, tl.load(pos_ptr + row), tl.load(slots_ptr + row).to(tl.int64), cos_ptr, sin_ptr,
                 q_out_ptr + row * H * D + head * D, k_cache_ptr, v_cache_ptr, stride_cs, stride_ch, stride_ct,
                 H, KVH, D)
 
 
 def rope_kv_write(qkv: torch.Tensor, cos_table: torch.Tensor, sin_table: torch.Tensor, positions: torch.Tensor,
-                  slots: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, n_heads: int, n_kv: int
-                  ) -> torch.Tensor:
+                  slots: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, n_heads: int, n_kv: int,
+                  qk_norm: tuple[torch.Tensor, torch.Tensor, float] | None = None) -> torch.Tensor:
     """One decode token per row. qkv [B, (H + 2 KVH) * D]; cos/sin tables [max_seq_len, D] float32;
     positions, slots [B]; k/v_cache one layer [S, KVH, L, D]. Writes k (rotated) and v at
-    [slot, :, position]; returns rotated q [B, H, 1, D]."""
+    [slot, :, position]; returns rotated q [B, H, 1, D]. qk_norm (q weight [D], k weight [D], eps):
+    each q and k head RMS-normed first (Qwen3's q_norm / k_norm)."""
     b = qkv.shape[0]
     d = cos_table.shape[1]
     q = torch.empty((b, 1, n_heads, d), dtype=qkv.dtype, device=qkv.device)
+    qw, kw, eps = qk_norm if qk_norm is not None else (qkv, qkv, 0.0)
     early = pdl_launch(qkv.device, b)
     _rope_kv_write_kernel[(b,)](
-        qkv.contiguous(), cos_table, sin_table, positions, slots, q, k_cache, v_cache,
+        qkv.contiguous(), cos_table, sin_table, positions, slots, q, k_cache, v_cache, qw, kw, eps,
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), H=n_heads, KVH=n_kv, D=d,
-        NH=triton.next_power_of_2(n_heads + 2 * n_kv), PDL=bool(early), **early)
+        NH=triton.next_power_of_2(n_heads + 2 * n_kv), QK_NORM=qk_norm is not None, PDL=bool(early), **early)
     return q.transpose(1, 2)
 
 
@@ -230,3 +257,47 @@ def snake(x: torch.Tensor, alpha: torch.Tensor, lengths: torch.Tensor | None = N
         HAS_BIAS=bias is not None, HAS_RESIDUAL=residual is not None,
         STORE_SUM=keep and (bias is not None or residual is not None))
     return (x, out) if keep else out
+
+
+@triton.jit
+def _sum_middle_kernel(x_ptr, out_ptr, n, G: tl.constexpr, BLOCK: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    ok = cols < n
+    acc = tl.zeros((BLOCK,), dtype=tl.float32)
+    for g in tl.static_range(G):  # in index order, whatever the rows: a row's bits are its own
+        acc += tl.load(x_ptr + (row * G + g) * n + cols, mask=ok, other=0.0).to(tl.float32)
+    tl.store(out_ptr + row * n + cols, acc.to(out_ptr.dtype.element_ty), mask=ok)
+
+
+def sum_middle(x: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    """x [B, G, n] -> out [B, n]: the G values summed in float32 in index order, rounded once (as
+    torch.sum, whose order may follow the tensor's shape)."""
+    b, g, n = x.shape
+    block = min(1024, triton.next_power_of_2(n))
+    _sum_middle_kernel[(b, triton.cdiv(n, block))](x.contiguous(), out, n, G=g, BLOCK=block)
+    return out
+
+
+@triton.jit
+def _embed_into_kernel(ids_ptr, table_ptr, out_ptr, ids_out_ptr, n, stride_out, stride_ids_out,
+                       BLOCK: tl.constexpr, PDL: tl.constexpr):
+    _wait_predecessor(PDL)
+    row = tl.program_id(0).to(tl.int64)
+    i = tl.load(ids_ptr + row)
+    if tl.program_id(1) == 0:
+        tl.store(ids_out_ptr + row * stride_ids_out, i)
+    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    ok = cols < n
+    tl.store(out_ptr + row * stride_out + cols, tl.load(table_ptr + i * n + cols, mask=ok), mask=ok)
+
+
+def embed_into(ids: torch.Tensor, table: torch.Tensor, out: torch.Tensor, ids_out: torch.Tensor) -> None:
+    """out[b] = table[ids[b]] and ids_out[b] = ids[b] in one kernel (an embedding lookup and two
+    strided copies in PyTorch): ids [B] int64, table [V, n], out [B, n] and ids_out [B] views
+    whose last dim is contiguous."""
+    b, n = out.shape
+    block = min(1024, triton.next_power_of_2(n))
+    early = pdl_launch(ids.device, b)
+    _embed_into_kernel[(b, triton.cdiv(n, block))](ids, table, out, ids_out, n, out.stride(0), ids_out.stride(0),
+                                                   BLOCK=block, PDL=bool(early), **early)

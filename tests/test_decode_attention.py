@@ -1,5 +1,6 @@
 """The CUDA kernels (attention, fused norm/rope/silu path, batch-1 GEMVs, the draw, Higgs
-masks and publish, the codec's Snake and residual units), checked on the CPU in Triton's interpreter."""
+masks and publish, the codec's Snake and residual units, Qwen3-TTS's fused frame), checked on
+the CPU in Triton's interpreter."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ triton = pytest.importorskip("triton")
 
 @pytest.mark.parametrize("script", ["interpret_decode_attention", "interpret_fused_decode", "interpret_fused_draw",
                                     "interpret_higgs_step", "interpret_fused_codec", "interpret_invariant_decode",
-                                    "interpret_invariant_mm"])
+                                    "interpret_invariant_mm", "interpret_qwen3_decode"])
 def test_kernels_in_interpreter(script):
     from tests import background
 
@@ -32,7 +33,7 @@ def test_multi_row_attention_compiles_for_hopper(block, warps):
     sig = {**{p: "*bf16" for p in ("q_ptr", "k_ptr", "v_ptr", "out_ptr")}, "slots_ptr": "*i64", "lengths_ptr": "*i64",
            **{s: "i32" for s in ("stride_qb", "stride_qh", "stride_ob", "stride_oh", "stride_cs", "stride_ch",
                                  "stride_ct")}, "scale": "fp32"}
-    consts = {"REP": 3, "REP_PAD": 16, "D": 128, "BLOCK": block, "USE_DOT": True, "PDL": False}
+    consts = {"REP": 3, "REP_PAD": 16, "D": 128, "BLOCK": block, "USE_DOT": True, "PRECISION": "tf32", "PDL": False}
     src = ASTSource(_decode_attention_kernel, {**sig, **{k: "constexpr" for k in consts}}, constexprs=consts)
     assert triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps}).asm["cubin"]
 

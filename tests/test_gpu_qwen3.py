@@ -79,3 +79,92 @@ def test_async_writes_what_sync_writes_on_cuda_bf16(tmp_path):
     for rid, tokens in got["--no-async-decode"].items():
         np.testing.assert_array_equal(got["--async-decode"][rid], tokens, err_msg=rid)
     assert got["--async-decode" + "wav"] == got["--no-async-decode" + "wav"]
+
+
+def _fused_pair(**dims):
+    """A random talker at these widths on CUDA twice: the plain modules, and the fused kernels."""
+    import copy
+
+    import torch
+
+    from omni_cli.runners.qwen3_tts.talker import Talker
+    from tests.interpret_qwen3_decode import tiny_config
+
+    cfg = tiny_config(**dims)
+    torch.manual_seed(0)
+    plain = Talker(cfg, 64).eval()
+    with torch.no_grad():
+        for name, p in plain.named_parameters():
+            if name.endswith("norm.weight"):
+                p.copy_(torch.rand_like(p) + 0.5)
+    fused = copy.deepcopy(plain).to_runtime(torch.device("cuda"), torch.float32)
+    assert fused.fused and not plain.fused
+    return cfg, plain.to("cuda"), fused
+
+
+RELEASE_HEADS = dict(hidden=1024, inter=3072, heads=16, kv_heads=8, head_dim=128, cp_hidden=1024, cp_inter=3072,
+                     cp_layers=2)
+
+
+@pytest.mark.parametrize("rows, deterministic", [([0, 1, 2], False), ([1], False), ([0, 1, 2], True)])
+def test_fused_talker_step_matches_the_plain_modules(rows, deterministic):
+    """The compiled kernels (GEMVs, q/k-norm rope, decode attention, fused_mm, invariant_mm) at the
+    release's head shapes, float32: the talker's logits and hidden within TF32-level rounding of
+    the plain modules'."""
+    import torch
+
+    from tests.interpret_qwen3_decode import talker_logits
+
+    cfg, plain, fused = _fused_pair(**RELEASE_HEADS)
+    worst, _ = talker_logits(plain, fused, cfg, rows, deterministic, torch.device("cuda"))
+    assert worst < 2e-3
+
+
+def test_fused_predictor_frame_matches_and_is_batch_invariant():
+    """A frame of the predictor on each kernel set gives the plain frame's greedy codes; in
+    deterministic mode a row's sub-step logits are the same bits alone as among three, and so are
+    the talker's outputs."""
+    import torch
+
+    from tests.interpret_qwen3_decode import predictor_frame, talker_logits
+
+    cfg, plain, fused = _fused_pair(**RELEASE_HEADS)
+    g = torch.Generator().manual_seed(7)
+    hidden = torch.randn(3, cfg.talker.hidden_size, generator=g).cuda()
+    code0 = torch.randint(0, cfg.code_vocab, (3,), generator=g).cuda()
+    want, _ = predictor_frame(plain, hidden, code0, False)
+    for h, c, inv, part in ((hidden, code0, False, slice(None)), (hidden[1:2], code0[1:2], False, slice(1, 2)),
+                            (hidden, code0, True, slice(None))):
+        codes, _ = predictor_frame(fused, h, c, inv)
+        assert torch.equal(codes, want[part])
+    _, alone = predictor_frame(fused, hidden[1:2], code0[1:2], True)
+    _, among = predictor_frame(fused, hidden, code0, True)
+    assert torch.equal(alone[:, 0], among[:, 1])
+    _, one = talker_logits(plain, fused, cfg, [1], True, torch.device("cuda"))
+    _, three = talker_logits(plain, fused, cfg, [0, 1, 2], True, torch.device("cuda"))
+    assert torch.equal(one[:, 0], three[:, 1])
+
+
+def test_deterministic_bf16_rows_identical_across_batch_sizes_and_async(tmp_path):
+    """--deterministic in bf16 on CUDA: every row's codes, logprobs and wav bytes are the same at
+    --max-batch-size 1, 3 and 8, sync and async."""
+    texts = ["Hello there.", "A longer sentence than the first one, with a clause.", "Yes.", "Goodbye now.",
+             "Numbers: one, two, three.", "Short.", "The quick brown fox jumps over the lazy dog.", "Fine."]
+    rows = [{"id": f"r{i}", "text": t, "language": "English", "instruct": "A calm voice."} for i, t in enumerate(texts)]
+    prompts = write_jsonl(tmp_path / "p.jsonl", rows)
+    runs = {}
+    for batch, mode in (("1", "--no-async-decode"), ("3", "--async-decode"), ("8", "--no-async-decode"),
+                        ("8", "--async-decode")):
+        out = tmp_path / f"b{batch}{mode}"
+        res = run_cli("generate", prompts, "-o", out, "--model", _config(tmp_path, "voice_design", "bfloat16"), "-q",
+                      "--seed", "11", "--max-new-frames", "24", "--max-batch-size", batch, "--deterministic", mode)
+        assert res.exit_code == 0, res.output
+        runs[(batch, mode)] = {m["id"]: ((out / m["file_name"]).read_bytes(), np.load(out / m["logprobs_file"]))
+                               for m in read_manifest(out)}
+    first = runs[("1", "--no-async-decode")]
+    assert len(first) == len(rows)
+    for key, got in runs.items():
+        for rid, (wav, npz) in first.items():
+            assert got[rid][0] == wav, (key, rid)
+            for name in ("tokens", "logprobs"):
+                np.testing.assert_array_equal(got[rid][1][name], npz[name], err_msg=f"{key} {rid} {name}")

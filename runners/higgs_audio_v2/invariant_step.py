@@ -18,18 +18,9 @@ from __future__ import annotations
 import torch
 
 from ..decode_attention import decode_attention
-from ..fused_ops import add_rmsnorm, rope_kv_write
+from ..fused_ops import rope_kv_write
+from ..fusion import Pending, add_norm
 from ..invariant_mm import invariant_mm, invariant_mm_parts
-
-# a projection not yet added to the residual: (float32 partials [S, B, n], bias or None)
-Pending = tuple[torch.Tensor, torch.Tensor | None]
-
-
-def add_norm(x: torch.Tensor, pending: Pending | None, norm) -> tuple[torch.Tensor, torch.Tensor]:
-    """(x + the pending projection, rmsnorm of that * norm.weight); x [B, hidden]."""
-    if pending is None:
-        return add_rmsnorm(x, None, norm.weight, norm.eps)
-    return add_rmsnorm(x, pending[0], norm.weight, norm.eps, parts=True, bias=pending[1])
 
 
 def decode_layer(layer, x: torch.Tensor, pending: Pending | None, rope_cos: torch.Tensor, rope_sin: torch.Tensor,

@@ -35,6 +35,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from ..attention import AttentionContext
+from ..fusion import fuse_linears
 from ..norms import RMSNorm
 from .config import HiggsConfig
 
@@ -79,21 +80,6 @@ class TokenSplit:
 _TEXT_ONLY = TokenSplit(None, all_audio=False)  # every prefill token on the text path
 
 
-def _fuse_linears(linears: list[nn.Linear]) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Concatenate the weights [and biases] of linears with one input; each module's
-    parameters become row views of the result (contiguous, so F.linear is unchanged)."""
-    weight = torch.cat([m.weight.data for m in linears])
-    bias = torch.cat([m.bias.data for m in linears]) if linears[0].bias is not None else None
-    row = 0
-    for m in linears:
-        n = m.weight.shape[0]
-        m.weight.data = weight[row: row + n]
-        if bias is not None:
-            m.bias.data = bias[row: row + n]
-        row += n
-    return weight, bias
-
-
 class MLP(nn.Module):
     def __init__(self, hidden: int, inter: int):
         super().__init__()
@@ -106,7 +92,7 @@ class MLP(nn.Module):
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
 
     def fuse(self) -> None:
-        self.gate_up_weight, _ = _fuse_linears([self.gate_proj, self.up_proj])
+        self.gate_up_weight, _ = fuse_linears([self.gate_proj, self.up_proj])
 
     def forward_fused(self, x: torch.Tensor) -> torch.Tensor:
         """x [N, hidden] -> [N, hidden]; up to fused_mm.MAX_ROWS rows (16-bit), gate/up and
@@ -169,7 +155,7 @@ class Attention(nn.Module):
         return self.o_proj(out.transpose(1, 2).reshape(b, t, -1))
 
     def fuse(self) -> None:
-        self.qkv_weight, self.qkv_bias = _fuse_linears([self.q_proj, self.k_proj, self.v_proj])
+        self.qkv_weight, self.qkv_bias = fuse_linears([self.q_proj, self.k_proj, self.v_proj])
 
     def decode_fused(self, x: torch.Tensor, rope_cos: torch.Tensor, rope_sin: torch.Tensor,
                      ctx: AttentionContext) -> torch.Tensor:

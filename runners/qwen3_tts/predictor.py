@@ -47,6 +47,25 @@ class PredictorBuffers:
     codes_gpu: torch.Tensor  # [rows, G] int64: the frame's codes, code 0 first
     embeds_gpu: torch.Tensor  # [rows, G, talker hidden]: each code's input embedding
     frame_embed_gpu: torch.Tensor  # [rows, talker hidden]: their sum (the next talker step's codec input)
+    # the fused path's attention indices (constants): a sub-step's row r is slot r at position p
+    slots_gpu: torch.Tensor  # [rows] int64: 0..rows-1
+    positions_gpu: torch.Tensor  # [G, rows] int64: p
+    lengths_gpu: torch.Tensor  # [G, rows] int64: p + 1
+    # the frame's first forward, two tokens a row (the talker's hidden, code 0): [2 rows] int64
+    first_slots_gpu: torch.Tensor  # r, r
+    first_positions_gpu: torch.Tensor  # 0, 1
+    first_lengths_gpu: torch.Tensor  # 1, 2
+
+    def view(self, rows: int, take) -> "PredictorBuffers":
+        """The buffers of the first ``rows`` rows: take(tensor, dim, rows) for the per-row state,
+        prefixes of the index tables (they hold the same values at any width)."""
+        return PredictorBuffers(
+            rows=rows, k_gpu=take(self.k_gpu, 1, rows), v_gpu=take(self.v_gpu, 1, rows),
+            codes_gpu=take(self.codes_gpu, 0, rows), embeds_gpu=take(self.embeds_gpu, 0, rows),
+            frame_embed_gpu=take(self.frame_embed_gpu, 0, rows), slots_gpu=self.slots_gpu[:rows],
+            positions_gpu=self.positions_gpu[:, :rows], lengths_gpu=self.lengths_gpu[:, :rows],
+            first_slots_gpu=self.first_slots_gpu[: 2 * rows], first_positions_gpu=self.first_positions_gpu[: 2 * rows],
+            first_lengths_gpu=self.first_lengths_gpu[: 2 * rows])
 
 
 class PredictorModel(nn.Module):
@@ -72,6 +91,7 @@ class CodePredictor(nn.Module):
         # the reference makes it a Linear only where the widths differ (no parameters otherwise)
         self.small_to_mtp_projection = (nn.Linear(talker_hidden, cfg.hidden_size, bias=True)
                                         if cfg.hidden_size != talker_hidden else nn.Identity())
+        self.fused = False  # set by Talker.to_runtime: frames through runners/qwen3_tts/fused.py
         self.set_rope(torch.device("cpu"))
 
     def set_rope(self, device: torch.device) -> None:
@@ -82,12 +102,18 @@ class CodePredictor(nn.Module):
     def new_buffers(self, rows: int, dtype: torch.dtype, device: torch.device) -> PredictorBuffers:
         c = self.cfg
         kv = (c.num_hidden_layers, rows, c.num_key_value_heads, self.groups, c.head_dim)
+        positions = torch.arange(self.groups)[:, None].expand(self.groups, rows)
         return PredictorBuffers(
             rows=rows, k_gpu=torch.zeros(kv, dtype=dtype, device=device),
             v_gpu=torch.zeros(kv, dtype=dtype, device=device),
             codes_gpu=torch.zeros((rows, self.groups), dtype=torch.int64, device=device),
             embeds_gpu=torch.zeros((rows, self.groups, self.talker_hidden), dtype=dtype, device=device),
-            frame_embed_gpu=torch.zeros((rows, self.talker_hidden), dtype=dtype, device=device))
+            frame_embed_gpu=torch.zeros((rows, self.talker_hidden), dtype=dtype, device=device),
+            slots_gpu=torch.arange(rows, device=device), positions_gpu=positions.contiguous().to(device),
+            lengths_gpu=(positions + 1).contiguous().to(device),
+            first_slots_gpu=torch.arange(rows).repeat_interleave(2).to(device),
+            first_positions_gpu=torch.tensor([0, 1]).repeat(rows).to(device),
+            first_lengths_gpu=torch.tensor([1, 2]).repeat(rows).to(device))
 
     def _forward(self, x: torch.Tensor, start: int, bufs: PredictorBuffers) -> torch.Tensor:
         """x [B, T, talker hidden] fed at positions start..start+T-1 (their K/V written into bufs,
@@ -111,22 +137,61 @@ class CodePredictor(nn.Module):
             x = layer(x, cos, sin, attend)
         return self.lm_head[start + t - 2](self.model.norm(x))[:, -1].float()
 
+    def _forward_fused(self, x: torch.Tensor, start: int, bufs: PredictorBuffers, invariant: bool) -> torch.Tensor:
+        """_forward on the fused kernels (runners/qwen3_tts/fused.py): x [B, T, talker hidden] with
+        T = 2 at start 0 (the frame's first forward, two tokens a row) or T = 1 -> [B, vocab] float32."""
+        from .fused import StepKV, decode_layers, final_norm, linear, pick_mode
+
+        b, t, _ = x.shape
+        if t == 2:
+            idx = (bufs.first_slots_gpu, bufs.first_positions_gpu, bufs.first_lengths_gpu)
+        else:
+            idx = (bufs.slots_gpu, bufs.positions_gpu[start], bufs.lengths_gpu[start])
+        x, proj = x.reshape(b * t, -1), self.small_to_mtp_projection
+        if isinstance(proj, nn.Linear):  # the 1.7B talker's width into the predictor's
+            x = linear(x, proj, pick_mode(b * t, invariant, True), kind="qkv")
+        mode = pick_mode(b * t, invariant, self.cfg.attention_bias)
+        # NOTE: the first forward's two tokens a row are two programs of one launch, and the second reads
+        # the first's keys: there short_attention would race (its keys come from the cache), so two kernels
+        kv = StepKV(bufs.k_gpu, bufs.v_gpu, *idx, self.rope_cos, self.rope_sin, max_keys=0 if t == 2 else self.groups)
+        x, pending = decode_layers(self.model.layers, x, kv, mode)
+        head = self.lm_head[start + t - 2]
+        if t == 2:  # the head reads the last token of each row only
+            return linear(final_norm(x, pending, self.model.norm).view(b, t, -1)[:, -1], head,
+                          pick_mode(b, invariant, False), torch.float32)
+        if pending is None:  # the one-row GEMVs: the norm inside the head's
+            return linear(x, head, mode, torch.float32, norm=self.model.norm)
+        return linear(final_norm(x, pending, self.model.norm), head, mode, torch.float32)
+
     def run_frame(self, hidden: torch.Tensor, code0: torch.Tensor, code0_embed: torch.Tensor,
-                  bufs: PredictorBuffers, draw: Draw) -> torch.Tensor:
+                  bufs: PredictorBuffers, draw: Draw, invariant: bool = False) -> torch.Tensor:
         """hidden [B, talker hidden] (the talker's final hidden at this step), code0 [B] and its
         talker embedding [B, talker hidden], B == bufs.rows -> codes [B, G] (bufs.codes_gpu, code 0
-        first); bufs.frame_embed_gpu gets the G embeddings' sum. No host sync, fixed shapes."""
+        first); bufs.frame_embed_gpu gets the G embeddings' sum. No host sync, fixed shapes.
+        invariant: a row's bits whatever B (the fused path's deterministic kernels)."""
         if hidden.shape[0] != bufs.rows:
             raise ValueError(f"{hidden.shape[0]} rows for predictor buffers of {bufs.rows}")
+        forward = (lambda x, start: self._forward_fused(x, start, bufs, invariant)) if self.fused \
+            else (lambda x, start: self._forward(x, start, bufs))
         codes, embeds = bufs.codes_gpu, bufs.embeds_gpu
         codes[:, 0] = code0
         embeds[:, 0] = code0_embed
-        logits = self._forward(torch.stack([hidden.to(embeds.dtype), code0_embed], dim=1), 0, bufs)
+        logits = forward(torch.stack([hidden.to(embeds.dtype), code0_embed], dim=1), 0)
         for k in range(1, self.groups):
             code = draw(k, logits)
-            codes[:, k] = code
-            embeds[:, k] = self.model.codec_embedding[k - 1](code)
+            if self.fused:
+                from ..fused_ops import embed_into
+
+                embed_into(code, self.model.codec_embedding[k - 1].weight, embeds[:, k], codes[:, k])
+            else:
+                codes[:, k] = code
+                embeds[:, k] = self.model.codec_embedding[k - 1](code)
             if k + 1 < self.groups:  # the last code is never fed
-                logits = self._forward(embeds[:, k: k + 1], k + 1, bufs)
-        torch.sum(embeds, dim=1, out=bufs.frame_embed_gpu)
+                logits = forward(embeds[:, k: k + 1], k + 1)
+        if self.fused:
+            from ..fused_ops import sum_middle
+
+            sum_middle(embeds, bufs.frame_embed_gpu)
+        else:
+            torch.sum(embeds, dim=1, out=bufs.frame_embed_gpu)
         return codes

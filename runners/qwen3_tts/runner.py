@@ -97,10 +97,7 @@ class Qwen3Runner(ModelRunner):
             m = self._predictor
             if rows > m.rows:
                 raise ValueError(f"a step of {rows} rows over predictor buffers of {m.rows}")
-            self._views[rows] = PredictorBuffers(
-                rows=rows, k_gpu=_rows_view(m.k_gpu, 1, rows), v_gpu=_rows_view(m.v_gpu, 1, rows),
-                codes_gpu=_rows_view(m.codes_gpu, 0, rows), embeds_gpu=_rows_view(m.embeds_gpu, 0, rows),
-                frame_embed_gpu=_rows_view(m.frame_embed_gpu, 0, rows))
+            self._views[rows] = m.view(rows, _rows_view)
         return self._views[rows]
 
     def process_logits(self, logits_gpu: torch.Tensor, fb: ForwardBatch, requests) -> torch.Tensor:
@@ -128,7 +125,7 @@ class Qwen3Runner(ModelRunner):
             return got.tokens[:, 0]
 
         bufs = self._buffers(fb.batch_size)
-        codes = self.model.predict_frame(hidden, first.tokens[:, 0], bufs, draw).clone()  # [B, 16]
+        codes = self.model.predict_frame(hidden, first.tokens[:, 0], bufs, draw, self.engine.deterministic).clone()
         self.frame_embed_gpu[slots] = bufs.frame_embed_gpu
         lp = torch.stack(logprobs, dim=1)
         parts = [codes.float(), lp, (codes[:, :1] == self.eos_id).float()]  # codes exact in float32 (< 2^24)

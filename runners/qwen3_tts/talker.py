@@ -78,6 +78,7 @@ class Talker(nn.Module):
         self.codec_head = nn.Linear(t.hidden_size, t.vocab_size, bias=False)
         self.code_predictor = CodePredictor(cfg.predictor, t.hidden_size)
         self.max_seq_len = max_seq_len
+        self.fused = False  # set by to_runtime: decode through runners/qwen3_tts/fused.py
         self._set_rope(torch.device("cpu"))
 
     def _set_rope(self, device: torch.device) -> None:
@@ -88,9 +89,18 @@ class Talker(nn.Module):
         self.code_predictor.set_rope(device)
 
     def to_runtime(self, device: torch.device, dtype: torch.dtype) -> "Talker":
-        """Weights to ``dtype`` on ``device``; rope tables stay float32."""
+        """Weights to ``dtype`` on ``device``; rope tables stay float32. Where the fused kernels run,
+        the talker's and the predictor's q/k/v and gate/up become one weight each."""
+        from .. import attention
+        from .fused import fuse_layer
+
         self.to(device=device, dtype=dtype)
         self._set_rope(device)
+        if attention.fused_kernels_available(device):
+            # last: the fused weights are shared storage, which a later .to() would copy apart
+            for layer in [*self.model.layers, *self.code_predictor.model.layers]:
+                fuse_layer(layer)
+            self.fused = self.code_predictor.fused = True
         return self.eval()
 
     # ---- the two input tracks ----
@@ -142,6 +152,8 @@ class Talker(nn.Module):
         (the previous frame's summed code embeddings) and text_ids [B, 1] (this step's text track),
         embedded here so a decode graph captures the text MLP; or inputs_embeds [B, 1, hidden].
         Returns the final hidden [B, T, hidden]."""
+        if self.fused and frame_embeds is not None and ctx.lengths_gpu is not None:
+            return self._decode_fused(ctx, frame_embeds[:, 0], text_ids[:, 0])
         if inputs_embeds is None and frame_embeds is not None:
             inputs_embeds = frame_embeds + self.text_embed(text_ids)
         if inputs_embeds is None:
@@ -157,11 +169,36 @@ class Talker(nn.Module):
             x = layer(x, cos, sin, lambda q, k, v, i=layer.self_attn.layer: ctx.attend(i, q, k, v))
         return self.model.norm(x)
 
+    def _decode_fused(self, ctx: AttentionContext, frame_embed: torch.Tensor, text_ids: torch.Tensor) -> torch.Tensor:
+        """A decode step on the fused kernels: frame_embed [B, hidden], text_ids [B] -> the final
+        hidden [B, 1, hidden]."""
+        from .fused import StepKV, decode_layers, final_norm, linear
+
+        mode = self._mode(frame_embed.shape[0], ctx.deterministic)
+        p = self.text_projection
+        text = linear(F.silu(linear(self.model.text_embedding(text_ids), p.linear_fc1, mode, kind="qkv")),
+                      p.linear_fc2, mode, kind="qkv")
+        kv = StepKV(ctx.kv.k_gpu, ctx.kv.v_gpu, ctx.slots_gpu, ctx.positions_gpu[:, 0], ctx.lengths_gpu,
+                    self.rope_cos, self.rope_sin)
+        x, pending = decode_layers(self.model.layers, frame_embed + text, kv, mode)
+        return final_norm(x, pending, self.model.norm)[:, None]
+
+    def _mode(self, rows: int, invariant: bool) -> str:
+        from .fused import pick_mode
+
+        return pick_mode(rows, invariant, self.cfg.talker.attention_bias)
+
     def compute_logits(self, hidden: torch.Tensor, invariant: bool = False) -> torch.Tensor:
         """hidden [B, H] -> float32 [B, vocab + H]: the codec logits, then the hidden itself (the
-        code predictor's input; float32 holds any 16-bit value exactly). ``invariant`` is accepted
-        for the engine's deterministic mode; this plain path computes each row alone anyway."""
-        return torch.cat([self.codec_head(hidden).float(), hidden.float()], dim=-1)
+        code predictor's input; float32 holds any 16-bit value exactly). invariant: a row's bits
+        whatever B (deterministic decode on the fused path)."""
+        if self.fused:
+            from .fused import linear
+
+            logits = linear(hidden, self.codec_head, self._mode(hidden.shape[0], invariant), torch.float32)
+        else:
+            logits = self.codec_head(hidden).float()
+        return torch.cat([logits, hidden.float()], dim=-1)
 
     def split_output(self, out: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """compute_logits' output -> (logits [B, vocab] float32, hidden [B, H] in the weights' dtype)."""
@@ -179,12 +216,12 @@ class Talker(nn.Module):
         return self.code_predictor.new_buffers(rows, p.dtype, p.device)
 
     def predict_frame(self, hidden: torch.Tensor, code0: torch.Tensor, bufs: PredictorBuffers,
-                      draw: Draw) -> torch.Tensor:
+                      draw: Draw, invariant: bool = False) -> torch.Tensor:
         """The rest of a frame: hidden [B, H] (this step's, from split_output) and its drawn code 0
         [B] -> codes [B, G] (bufs.codes_gpu; bufs.frame_embed_gpu holds their summed embeddings,
         the next step's codec input). ``draw(k, logits [B, code_vocab]) -> codes [B]`` samples
-        codebook k = 1..G-1."""
-        return self.code_predictor.run_frame(hidden, code0, self.model.codec_embedding(code0), bufs, draw)
+        codebook k = 1..G-1. invariant: a row's bits whatever B (deterministic mode's kernels)."""
+        return self.code_predictor.run_frame(hidden, code0, self.model.codec_embedding(code0), bufs, draw, invariant)
 
     @torch.inference_mode()
     def greedy_frame(self, hidden: torch.Tensor, code0: torch.Tensor) -> torch.Tensor:

@@ -16,11 +16,21 @@ the unwarped scores.
 
 No sort: the top-k cut (the k-th largest score) and the top-p cut (the
 largest score whose cumulative mass from below stays <= 1 - p) are found by
-a bitwise search over the scores' order-preserving 32-bit keys, 32 counts or
-masked sums over the row each: several times faster than sorting the padded
-row, and faster again over the row as a 1024-lane block and a 2-lane one
-(``blocks``; BENCHMARKS.md). The two blocks' sums are added in a different
-order than one block's, so a logprob may move by an ulp.
+a bitwise search over the scores' order-preserving 32-bit keys: several times
+faster than sorting the padded row, and faster again over the row as a
+1024-lane block and a 2-lane one (``blocks``; BENCHMARKS.md). The two blocks'
+sums are added in a different order than one block's, so a logprob may move
+by an ulp. The top-k search takes TOP_K_DIGIT bits a step (the counts of
+every next digit in one reduction: 32 / TOP_K_DIGIT serial block reductions);
+the top-p search stays one masked float sum a bit, as several candidates'
+masses summed in one [n, BLOCK] reduction may round differently on the GPU.
+
+A row is latency-bound (one program, a chain of block reductions), so each
+stage is a runtime branch that runs only where it can change the row: top-k
+where k < vocab, top-p where p < 1, min-p where min_p > 0, and a greedy row
+only its log_softmax and argmax. A row's results are those of running every
+stage (tests/interpret_fused_draw.py checks them bit for bit against the
+kernel that did).
 """
 
 from __future__ import annotations
@@ -28,6 +38,10 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+
+
+# bits of the k-th key per top-k step (1: bit by bit); a global, so compiles naming the kernel's constexprs get it
+TOP_K_DIGIT = tl.constexpr(2)
 
 
 @triton.jit
@@ -90,6 +104,41 @@ def _argmax2(a, b, offset_b: tl.constexpr):
 
 
 @triton.jit
+def _unkey(key):
+    """The float32 whose _key is key."""
+    return tl.where((key >> 31) != 0, key ^ 0x80000000, key ^ 0xFFFFFFFF).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _kth_key_bits(key_m, key_t, k):
+    """The k-th largest key of the row, one bit a step: the largest K with at least k keys >= K."""
+    kth_key = tl.zeros((), dtype=tl.uint32)
+    for bit in tl.static_range(31, -1, -1):
+        cand = kth_key | (1 << bit)
+        kth_key = tl.where(_sum2((key_m >= cand).to(tl.int32), (key_t >= cand).to(tl.int32)) >= k, cand, kth_key)
+    return kth_key
+
+
+@triton.jit
+def _kth_key_digits(key_m, key_w, k, DIGIT: tl.constexpr):
+    """_kth_key_bits, DIGIT bits a step: one [2**DIGIT, MAIN] count gives every next digit's count.
+    key_w: the tail block's keys in a MAIN-wide block (0 past it), so one sum counts both blocks."""
+    tl.static_assert(32 // DIGIT * DIGIT == 32)
+    digits = tl.arange(0, 2**DIGIT).to(tl.uint32)
+    kth_key = tl.zeros((), dtype=tl.uint32)
+    for step in tl.static_range(32 // DIGIT):
+        cand = kth_key | (digits << (32 - DIGIT * (step + 1)))
+        n = tl.sum((key_m[None, :] >= cand[:, None]).to(tl.int32) + (key_w[None, :] >= cand[:, None]).to(tl.int32), 1)
+        # counts fall as the digit grows and digit 0 always has k: the digit is how many of 1.. have k
+        c = ((n >= k) & (digits > 0)).to(tl.uint32)
+        for level in tl.static_range(DIGIT):  # added by splits in registers: tl.sum went through shared memory
+            lo, hi = tl.split(tl.reshape(c, (2 ** (DIGIT - 1 - level), 2)))
+            c = lo + hi
+        kth_key = kth_key | (tl.reshape(c, ()) << (32 - DIGIT * (step + 1)))
+    return kth_key
+
+
+@triton.jit
 def _draw_kernel(scores_ptr, slots_ptr, steps_ptr, temp_ptr, top_k_ptr, top_p_ptr, min_p_ptr, seed_ptr, tok_ptr,
                  lp_ptr, hist_ptr, hist_len, vocab, first, STREAMS: tl.constexpr, TOTAL: tl.constexpr,
                  MAIN: tl.constexpr, TAIL: tl.constexpr):
@@ -107,56 +156,67 @@ def _draw_kernel(scores_ptr, slots_ptr, steps_ptr, temp_ptr, top_k_ptr, top_p_pt
     neg_inf = float("-inf")
     s_m = tl.load(scores_ptr + row * vocab + cm, mask=ok_m, other=neg_inf).to(tl.float32)
     s_t = tl.load(scores_ptr + row * vocab + ct, mask=ok_t, other=neg_inf).to(tl.float32)
+    # the tail block again at the main block's first lanes, so _kth_key_digits counts both in one sum
+    s_w = tl.load(scores_ptr + row * vocab + MAIN + cm, mask=(cm < TAIL) & (MAIN + cm < vocab),
+                  other=neg_inf).to(tl.float32)
     t = tl.load(temp_ptr + slot)
     greedy = t <= 0
-    z_m = s_m / tl.where(greedy, 1.0, t)
-    z_t = s_t / tl.where(greedy, 1.0, t)
-    # top-k: keep scores >= the k-th largest. The k-th largest key is found bit
-    # by bit from the top (the largest K with at least k keys >= K): 32 counts
-    # over the row instead of a sort, which was most of this kernel's time.
-    k = tl.load(top_k_ptr + slot)
-    k = tl.where(k > 0, tl.minimum(k, vocab), vocab)
-    key_m, key_t = _key(z_m), _key(z_t)
-    kth_key = tl.zeros((), dtype=tl.uint32)
-    for bit in tl.static_range(31, -1, -1):
-        cand = kth_key | (1 << bit)
-        kth_key = tl.where(_sum2((key_m >= cand).to(tl.int32), (key_t >= cand).to(tl.int32)) >= k, cand, kth_key)
-    # compared as a value: -0 == +0, as in PyTorch
-    kth = _max2(tl.where(key_m == kth_key, z_m, neg_inf), tl.where(key_t == kth_key, z_t, neg_inf))
-    z_m = tl.where(z_m < kth, neg_inf, z_m)
-    z_t = tl.where(z_t < kth, neg_inf, z_t)
-    # top-p on the top-k survivors: drop the low tail whose mass is <= 1 - p,
-    # never the top token. The tail is every key <= T for the largest T whose
-    # mass (probabilities of keys <= T) is <= 1 - p, found bit by bit as above.
-    p = tl.load(top_p_ptr + slot)
-    top = _max2(z_m, z_t)
-    e_m, e_t = tl.exp(z_m - top), tl.exp(z_t - top)
-    total = _sum2(e_m, e_t)
-    prob_m, prob_t = e_m / total, e_t / total
-    key_m, key_t = _key(z_m), _key(z_t)
-    tail_key = tl.zeros((), dtype=tl.uint32)
-    for bit in tl.static_range(31, -1, -1):
-        cand = tail_key | (1 << bit)
-        mass = _sum2(tl.where(key_m <= cand, prob_m, 0.0), tl.where(key_t <= cand, prob_t, 0.0))
-        tail_key = tl.where(mass <= 1 - p, cand, tail_key)
-    z_m = tl.where(p < 1.0, tl.where((key_m <= tail_key) & (z_m < top), neg_inf, z_m), z_m)
-    z_t = tl.where(p < 1.0, tl.where((key_t <= tail_key) & (z_t < top), neg_inf, z_t), z_t)
-    # min-p: drop tokens below min_p times the top probability
-    mp = tl.load(min_p_ptr + slot)
-    top = _max2(z_m, z_t)
-    e_m, e_t = tl.exp(z_m - top), tl.exp(z_t - top)
-    e_top = _max2(e_m, e_t)
-    z_m = tl.where(e_m < mp * e_top, neg_inf, z_m)
-    z_t = tl.where(e_t < mp * e_top, neg_inf, z_t)
-    proc_m, proc_t = tl.where(greedy, s_m, z_m), tl.where(greedy, s_t, z_t)
+    # each stage below is a runtime branch, skipped where it cannot change the row
+    if greedy:
+        # greedy: the argmax of the unwarped scores, whose logprob is under their log_softmax
+        proc_m, proc_t = s_m, s_t
+    else:
+        z_m = s_m / t
+        z_t = s_t / t
+        # top-k: keep scores >= the k-th largest (ties at it kept), found over the scores'
+        # order-preserving keys instead of a sort; a k covering the row keeps all of it
+        k = tl.load(top_k_ptr + slot)
+        k = tl.where(k > 0, tl.minimum(k, vocab), vocab)
+        if k < vocab:
+            if TOP_K_DIGIT == 1:
+                kth_key = _kth_key_bits(_key(z_m), _key(z_t), k)
+            else:
+                kth_key = _kth_key_digits(_key(z_m), tl.where(cm < TAIL, _key(s_w / t), 0), k, TOP_K_DIGIT)
+            # the k-th largest key is a score's: that score, compared as a value (-0 == +0, as in PyTorch)
+            kth = _unkey(kth_key)
+            z_m = tl.where(z_m < kth, neg_inf, z_m)
+            z_t = tl.where(z_t < kth, neg_inf, z_t)
+        # top-p on the top-k survivors: drop the low tail whose mass is <= 1 - p,
+        # never the top token. The tail is every key <= T for the largest T whose
+        # mass (probabilities of keys <= T) is <= 1 - p, found bit by bit from the top.
+        p = tl.load(top_p_ptr + slot)
+        if p < 1.0:
+            top = _max2(z_m, z_t)
+            e_m, e_t = tl.exp(z_m - top), tl.exp(z_t - top)
+            total = _sum2(e_m, e_t)
+            prob_m, prob_t = e_m / total, e_t / total
+            key_m, key_t = _key(z_m), _key(z_t)
+            tail_key = tl.zeros((), dtype=tl.uint32)
+            for bit in tl.static_range(31, -1, -1):
+                cand = tail_key | (1 << bit)
+                mass = _sum2(tl.where(key_m <= cand, prob_m, 0.0), tl.where(key_t <= cand, prob_t, 0.0))
+                tail_key = tl.where(mass <= 1 - p, cand, tail_key)
+            z_m = tl.where((key_m <= tail_key) & (z_m < top), neg_inf, z_m)
+            z_t = tl.where((key_t <= tail_key) & (z_t < top), neg_inf, z_t)
+        # min-p: drop tokens below min_p times the top probability (none when min_p <= 0)
+        mp = tl.load(min_p_ptr + slot)
+        if mp > 0.0:
+            top = _max2(z_m, z_t)
+            e_m, e_t = tl.exp(z_m - top), tl.exp(z_t - top)
+            e_top = _max2(e_m, e_t)
+            z_m = tl.where(e_m < mp * e_top, neg_inf, z_m)
+            z_t = tl.where(e_t < mp * e_top, neg_inf, z_t)
+        proc_m, proc_t = z_m, z_t
     top = _max2(proc_m, proc_t)
     lse = top + tl.log(_sum2(tl.exp(proc_m - top), tl.exp(proc_t - top)))
     lp_m, lp_t = proc_m - lse, proc_t - lse
-    # the seeded draw: argmax(logprobs + Gumbel noise) in float64
-    seed = tl.load(seed_ptr + slot)
-    pos = step * TOTAL + stream  # the draw position, as sglang-omni's Higgs runner: the same in any subset
-    drawn = _argmax2(_noisy(lp_m, cm, ok_m, seed, pos), _noisy(lp_t, ct, ok_t, seed, pos), MAIN)
-    tok = tl.where(greedy, _argmax2(proc_m, proc_t, MAIN), drawn)
+    if greedy:
+        tok = _argmax2(proc_m, proc_t, MAIN)
+    else:
+        # the seeded draw: argmax(logprobs + Gumbel noise) in float64
+        seed = tl.load(seed_ptr + slot)
+        pos = step * TOTAL + stream  # the draw position, as sglang-omni's Higgs runner: the same in any subset
+        tok = _argmax2(_noisy(lp_m, cm, ok_m, seed, pos), _noisy(lp_t, ct, ok_t, seed, pos), MAIN)
     tl.store(tok_ptr + row, tok.to(tl.int64))
     tl.store(lp_ptr + row, _sum2(tl.where(cm == tok, lp_m, 0.0), tl.where(ct == tok, lp_t, 0.0)))
     tl.store(hist_ptr + (slot * TOTAL + stream) * hist_len + step, tok.to(tl.int64))

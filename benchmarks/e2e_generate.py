@@ -1,4 +1,4 @@
-"""`omni generate` end to end at the Higgs Audio v2 3B shape, from a random checkpoint on disk.
+"""`omni generate` end to end at a release shape, from a random checkpoint on disk.
 
 Writes a random-weight checkpoint in the real transformers format (the 3B LM,
 5.38 B parameters in bf16, and the released tokenizer's codec shape; the
@@ -27,6 +27,10 @@ Prints a table and writes JSON.
   python benchmarks/e2e_generate.py --runs 256:256 --voices 4 --voice-seconds 10 --compare
 With --devices D..., each BATCH:ROWS runs once per D as `omni generate --devices D` (1 vs 2 vs 4 GPUs):
   python benchmarks/e2e_generate.py --runs 256:4096 --devices 0 0,1 0,1,2,3
+With --family qwen3_tts, the checkpoint is a Qwen3-TTS-12Hz CustomVoice folder in the released
+layout at --shape (runners/qwen3_tts/shapes.py: talker, code predictor and the released speech
+tokenizer's widths, random weights; the tiny checkpoint's tokenizer) and every row names a speaker:
+  python benchmarks/e2e_generate.py --family qwen3_tts --shape qwen3-tts-12hz-0.6b --runs 1:4 64:64 256:256
 """
 
 from __future__ import annotations
@@ -58,7 +62,7 @@ TINY = REPO / "configs" / "tiny-higgs-audio-v2"
 SHORT_SYSTEM = "Speak."
 
 
-def write_checkpoint(root: Path) -> None:
+def write_higgs_checkpoint(root: Path) -> None:
     from transformers import HiggsAudioV2ForConditionalGeneration, HiggsAudioV2TokenizerModel
 
     tiny = HiggsConfig.from_file(TINY / "model" / "config.json")
@@ -76,15 +80,28 @@ def write_checkpoint(root: Path) -> None:
     torch.cuda.empty_cache()
 
 
-def ensure_checkpoint(root: Path) -> None:
-    """The random checkpoint in root, written unless a complete one is there already (its
-    marker file is made last: an interrupted write is not reused)."""
-    if (root / "written").exists():
+def ensure_checkpoint(root: Path, family: str = "higgs_audio_v2", shape: str = "higgs-audio-v2-3b") -> None:
+    """The random checkpoint in root, written unless a complete one of this shape is there already
+    (its marker file is made last: an interrupted write is not reused)."""
+    marker = root / "written"
+    made = marker.read_text() if marker.exists() else None  # an empty marker: an older run's Higgs 3B
+    if made == f"{family} {shape}" or (made == "" and family == "higgs_audio_v2"):
         return
+    marker.unlink(missing_ok=True)  # another shape's: gone before its files are
+    for part in ("model", "codec"):
+        shutil.rmtree(root / part, ignore_errors=True)
     root.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
-    write_checkpoint(root)
-    (root / "written").touch()
+    if family == "qwen3_tts":
+        from omni_cli.runners.qwen3_tts.shapes import write_random_checkpoint
+
+        write_random_checkpoint(root / "model", shape, "custom_voice", torch.bfloat16,
+                                "cuda" if torch.cuda.is_available() else "cpu")
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()  # the runs' processes take the card's memory
+    else:
+        write_higgs_checkpoint(root)
+    marker.write_text(f"{family} {shape}")
     print(f"random checkpoint written in {time.perf_counter() - t0:.1f}s", flush=True)
 
 
@@ -117,13 +134,15 @@ def write_voices(root: Path, n: int, seconds: float) -> Path:
 
 
 def write_inputs(root: Path, rows: int, frames: int, vary: int = 0, prompt_tokens: int = 0,
-                 voices: int = 0, max_seq_len: int = 512) -> tuple[Path, Path]:
+                 voices: int = 0, max_seq_len: int = 512, family: str = "higgs_audio_v2") -> tuple[Path, Path]:
     """The run's model config and prompt file (rows of one sentence each, or with prompt_tokens
     a short system prompt and a text that make prompts of that many tokens; with voices, row i
-    clones voice i mod voices) in root."""
+    clones voice i mod voices; Qwen3-TTS rows name a speaker) in root."""
     cfg = root / "model.yaml"
-    cfg.write_text(f"family: higgs_audio_v2\ncheckpoint: {root / 'model'}\ncodec: {root / 'codec'}\n"
-                   f"dtype: bfloat16\ndevice: auto\nmax_seq_len: {max_seq_len}\n")
+    codec = f"codec: {root / 'codec'}\n" if family == "higgs_audio_v2" else ""
+    dtype = "bfloat16" if torch.cuda.is_available() or family == "higgs_audio_v2" else "float32"
+    cfg.write_text(f"family: {family}\ncheckpoint: {root / 'model'}\n{codec}"
+                   f"dtype: {dtype}\ndevice: auto\nmax_seq_len: {max_seq_len}\n")
     prompts = root / f"prompts-{rows}-{vary}-{prompt_tokens}-{voices}.jsonl"
     rng = random.Random(rows)
     builder = None
@@ -135,6 +154,8 @@ def write_inputs(root: Path, rows: int, frames: int, vary: int = 0, prompt_token
     for i in range(rows):
         row = _sized_row(builder, i, prompt_tokens) if builder else {
             "id": f"r{i}", "text": f"Row number {i}: a sentence to speak aloud."}
+        if family == "qwen3_tts":  # CustomVoice: one of the release's speakers
+            row.update(speaker="ryan", language="English")
         if voices:
             row["voice"] = f"v{i % voices}"
         if vary:  # this row's own length: rows finish at different steps, with different codec shapes
@@ -146,8 +167,8 @@ def write_inputs(root: Path, rows: int, frames: int, vary: int = 0, prompt_token
 
 def run(root: Path, rows: int, batch: int, frames: int, async_decode: bool, vary: int = 0,
         prompt_tokens: int = 0, voices: int = 0, max_seq_len: int = 512, warm_cache: bool = False,
-        devices: str | None = None) -> dict:
-    cfg, prompts = write_inputs(root, rows, frames, vary, prompt_tokens, voices, max_seq_len)
+        devices: str | None = None, family: str = "higgs_audio_v2") -> dict:
+    cfg, prompts = write_inputs(root, rows, frames, vary, prompt_tokens, voices, max_seq_len, family)
     out = root / f"out-{rows}-{batch}-{int(async_decode)}-{vary}-{prompt_tokens}-{voices}-{devices or 'one'}"
     cmd = [sys.executable, "-m", "omni_cli", "generate", str(prompts), "-o", str(out), "--model", str(cfg), "-q",
            "--max-batch-size", str(batch), "--max-new-frames", str(frames), "--min-new-frames", str(frames),
@@ -176,7 +197,8 @@ def run(root: Path, rows: int, batch: int, frames: int, async_decode: bool, vary
     if "workers" in info:  # --devices: the first worker's phases; generate_s is the parent's, its spawns included
         timings = {**next(w["timings"] for w in info["workers"] if w["timings"]), "generate_s": timings["generate_s"]}
     audio, gen = info["totals"]["audio_s"], timings["generate_s"]
-    return {"rows": rows, "devices": devices, "per_device": info.get("devices"), "max_batch_size": batch,
+    return {"family": family, "rows": rows, "devices": devices, "per_device": info.get("devices"),
+            "max_batch_size": batch,
             "async_decode": async_decode, "frames": frames, "vary": vary,
             "prompt_tokens": prompt_tokens or None, "voices": voices, "max_seq_len": max_seq_len,
             "warm_cache": warm_cache and bool(voices),
@@ -192,6 +214,8 @@ def run(root: Path, rows: int, batch: int, frames: int, async_decode: bool, vary
 
 def main() -> None:
     ap = argparse.ArgumentParser()
+    ap.add_argument("--family", choices=("higgs_audio_v2", "qwen3_tts"), default="higgs_audio_v2")
+    ap.add_argument("--shape", help="qwen3_tts: qwen3-tts-12hz-0.6b (default), qwen3-tts-12hz-1.7b or tiny-qwen3-tts")
     ap.add_argument("--runs", nargs="+", default=["1:4", "64:64", "256:256"], help="BATCH:ROWS")
     ap.add_argument("--frames", type=int, default=200)
     ap.add_argument("--vary", type=int, default=0,
@@ -212,9 +236,15 @@ def main() -> None:
                     help="keep the checkpoint (and outputs) in this folder, and reuse a checkpoint already there: "
                          "later runs then skip writing it")
     args = ap.parse_args()
+    qwen = args.family == "qwen3_tts"
+    shape = args.shape or ("qwen3-tts-12hz-0.6b" if qwen else "higgs-audio-v2-3b")
+    if qwen and (args.voices or args.prompt_tokens):
+        ap.error("--voices and --prompt-tokens are Higgs's (a Qwen3-TTS row here is a CustomVoice sentence)")
+    if not qwen and shape != "higgs-audio-v2-3b":
+        ap.error("--shape: Higgs runs higgs-audio-v2-3b only")
     with tempfile.TemporaryDirectory() as tmp:
         root = args.root or Path(tmp)
-        ensure_checkpoint(root)
+        ensure_checkpoint(root, args.family, shape)
         for old in root.glob("out-*"):  # outputs of an earlier call in the same folder
             shutil.rmtree(old)
         if args.voices:
@@ -228,7 +258,13 @@ def main() -> None:
             for voices in ([0, args.voices] if args.compare else [args.voices]):
                 for devices in args.devices:
                     results.append(run(root, rows, batch, args.frames, True, args.vary, args.prompt_tokens, voices,
-                                       args.max_seq_len, args.warm_cache, devices))
+                                       args.max_seq_len, args.warm_cache, devices, args.family))
+                    # after every run: a later one cut short leaves the earlier ones
+                    write_results(args.out, family=args.family, shape=shape, runs=results)
+                    r = results[-1]
+                    print(f"batch {batch}, {rows} rows: {r['audio_s_per_s_generate']:.1f} audio-s/s (generate), "
+                          f"{r['audio_s_per_s_wall']:.1f} (wall), first wav {r['first_wav_s'] or float('nan'):.1f} s",
+                          flush=True)
     print(f"{'devices':>8} {'batch':>5} {'rows':>5} {'voices':>6} {'first wav s':>12} {'wall s':>7} {'load s':>7} {'warm s':>7} {'audio s':>8} "
           f"{'aud-s/s gen':>12} {'aud-s/s wall':>13} {'loop s':>7} {'prefill s':>9} {'prefills':>8} {'tail s':>7} "
           f"{'codec s':>8} {'calls':>6} {'longest':>8} {'tail codec':>10} {'writers':>8}")
@@ -238,7 +274,6 @@ def main() -> None:
               f"{r['audio_s_per_s_wall']:>13.1f} {r['loop_s']:>7.2f} {r['prefill_s']:>9.2f} {r['prefill_steps']:>8} {r['write_tail_s']:>7.2f} "
               f"{r['codec_s']:>8.2f} {r['codec_calls']:>6} {r['codec_max_call_s']:>8.2f} "
               f"{r['tail_codec_s'] if r['tail_codec_s'] is not None else float('nan'):>10.2f} {r['write_busy_s']:>8.2f}")
-    write_results(args.out, runs=results)
 
 
 if __name__ == "__main__":

@@ -1,12 +1,11 @@
 """Qwen3-TTS's decode step on the GPU, as it stands: ms a frame (talker step + 15 predictor sub-steps
 + 16 draws, one graph replay) at the 0.6B and 1.7B shapes with random bf16 weights, sync and
 async, by batch size. A probe for issue 44's targets (0.6B: 1.5 ms a frame at batch 1, 3.0 at 64;
-1.7B: 2.5 at batch 1); `omni bench --shape qwen3-tts-*` is still to come.
+1.7B: 2.5 at batch 1), with --profile's kernel counts; `omni bench --shape qwen3-tts-12hz-*` gives
+the same loops against the floor.
 
-The shapes are the released configs' (talker 28 layers, 16 heads, 8 KV heads, head_dim 128; hidden /
-intermediate 1024 / 3072 at 0.6B, 2048 / 8192 at 1.7B; predictor 5 layers, hidden 1024, intermediate
-3072, 2048 codes; text embedding 151936 x 2048), laid over configs/tiny-qwen3-tts's config.json,
-whose codec ids are shifted back to the release's.
+The shapes are runners/qwen3_tts/shapes.py's (the released configs' talker and code predictor dims,
+laid over configs/tiny-qwen3-tts's config.json).
 
     python benchmarks/qwen3_step.py --shape 0.6b --batch 1 --batch 64 --out step.json
 """
@@ -15,30 +14,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import tempfile
 import time
 from pathlib import Path
 
 import numpy as np
 import torch
 
-REPO = Path(__file__).resolve().parent.parent
-SHAPES = {"0.6b": (1024, 3072), "1.7b": (2048, 8192)}  # talker hidden, intermediate
-SHIFT = 2016  # the tiny checkpoint's codec ids sit 2016 below the release's (its codebooks hold 32 codes)
-
-
-def release_config(shape: str) -> dict:
-    cfg = json.loads((REPO / "configs/tiny-qwen3-tts/config.json").read_text())
-    t, cp = cfg["talker_config"], cfg["talker_config"]["code_predictor_config"]
-    hidden, inter = SHAPES[shape]
-    t.update(hidden_size=hidden, intermediate_size=inter, num_hidden_layers=28, num_attention_heads=16,
-             num_key_value_heads=8, head_dim=128, vocab_size=3072, text_hidden_size=2048, text_vocab_size=151936)
-    for key in [k for k in t if k.startswith("codec_") and isinstance(t[k], int)]:
-        t[key] += SHIFT
-    t["codec_language_id"] = {k: v + SHIFT for k, v in t["codec_language_id"].items()}
-    cp.update(hidden_size=1024, intermediate_size=3072, num_hidden_layers=5, num_attention_heads=16,
-              num_key_value_heads=8, head_dim=128, vocab_size=2048)
-    return cfg
+SHAPES = {"0.6b": "qwen3-tts-12hz-0.6b", "1.7b": "qwen3-tts-12hz-1.7b"}  # --shape -> shapes.py's name
 
 
 def profile(runner, sched, run_loop, steps: int = 20) -> dict:
@@ -73,18 +55,16 @@ def run(shape: str, batches: list[int], frames: int, prompt_len: int, peers: lis
     from omni_cli.loop import run_loop
     from omni_cli.runners.attention import KVCache
     from omni_cli.runners.engine import Engine
-    from omni_cli.runners.qwen3_tts.config import GenerationDefaults, Qwen3TTSConfig
+    from omni_cli.runners.qwen3_tts.config import GenerationDefaults
     from omni_cli.runners.qwen3_tts.runner import Qwen3Runner
+    from omni_cli.runners.qwen3_tts.shapes import shape_config
     from omni_cli.runners.qwen3_tts.talker import Talker
     from omni_cli.runners.sampling.params import SamplingParams
     from omni_cli.scheduler import Request, Scheduler
     from omni_cli.warmup import warm_up_lm
 
     dev, dtype = torch.device("cuda"), torch.bfloat16
-    with tempfile.TemporaryDirectory() as tmp:
-        path = Path(tmp) / "config.json"
-        path.write_text(json.dumps(release_config(shape)))
-        cfg = Qwen3TTSConfig.from_file(path)
+    cfg = shape_config(SHAPES[shape])
     max_seq = prompt_len + frames + 8
     torch.manual_seed(0)
     with torch.device(dev):

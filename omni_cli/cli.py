@@ -303,9 +303,12 @@ def merge(
 
 
 @app.command(cls=_Command, epilog="Needs a GPU for the real shapes: on a machine without CUDA only "
-                                   "--shape tiny-higgs-audio-v2 --device cpu runs.")
+                                   "--shape tiny-higgs-audio-v2 (or tiny-qwen3-tts) --device cpu runs. Exit 1: an "
+                                   "omni run failed (the table says which).")
 def bench(
-    shape: str = typer.Option("higgs-audio-v2-3b", "--shape", help="higgs-audio-v2-3b or tiny-higgs-audio-v2."),
+    shape: str = typer.Option("higgs-audio-v2-3b", "--shape",
+                              help="higgs-audio-v2-3b, qwen3-tts-12hz-0.6b, qwen3-tts-12hz-1.7b, or tiny-higgs-audio-v2, "
+                                   "tiny-qwen3-tts."),
     batch: list[int] = typer.Option([1, 8, 64, 256], "--batch", help="Batch sizes (repeat the flag)."),
     frames: int = typer.Option(200, "--frames", help="Frames per request."),
     prompt_len: int = typer.Option(64, "--prompt-len", help="Prompt tokens per request."),
@@ -313,23 +316,32 @@ def bench(
     dtype: str = typer.Option("bfloat16", "--dtype", help="float32, bfloat16 or float16."),
     out: Optional[Path] = typer.Option(None, "--out", help="Write the results as JSON here."),
     plot: Optional[Path] = typer.Option(None, "--plot", help="Write a PNG of audio-s/s against batch size here."),
-    peers: str = typer.Option("sync,async,transformers", "--peers",
-                              help="Comma-separated: sync, async, deterministic (async under --deterministic), "
-                                   "transformers."),
+    peers: Optional[str] = typer.Option(None, "--peers", show_default=False,
+                                        help="Comma-separated: sync, async, deterministic (async under "
+                                             "--deterministic), transformers (Higgs), qwen-tts (Qwen3-TTS). Default: "
+                                             "sync,async,transformers; Qwen3-TTS sync,async (and qwen-tts where "
+                                             "--qwen-tts-site or --qwen-tts-python is given)."),
+    qwen_tts_site: Optional[Path] = typer.Option(None, "--qwen-tts-site", help="A folder put first on qwen-tts's "
+                                                 "PYTHONPATH: .whl-qwen/'s wheels installed there (env "
+                                                 "OMNI_QWEN_TTS_SITE)."),
+    qwen_tts_python: Optional[str] = typer.Option(None, "--qwen-tts-python", help="The interpreter qwen-tts runs "
+                                                  "in (env OMNI_QWEN_TTS_PYTHON; default this one)."),
 ) -> None:
-    """Random-weight throughput on a GPU: omni sync, omni async and transformers generate, in one run."""
-    from omni_cli.bench import PEERS, check_bench, run_bench
+    """Random-weight throughput on a GPU: omni's loops against the family's reference, in one run."""
+    from omni_cli.bench import PEERS, PeerEnv, check_bench, default_peers, run_bench
     from omni_cli.runners.device import DTYPES, pick_device
 
     if dtype not in DTYPES:
         typer.echo(f"omni: error: --dtype must be one of {', '.join(DTYPES)}", err=True)
         raise typer.Exit(2)
-    chosen = tuple(p.strip() for p in peers.split(",") if p.strip())
+    env = PeerEnv.of(qwen_tts_python, qwen_tts_site)
+    chosen = tuple(p.strip() for p in peers.split(",") if p.strip()) if peers is not None else default_peers(shape, env)
     if not chosen or any(p not in PEERS for p in chosen):
         typer.echo(f"omni: error: --peers {peers!r}: name some of {', '.join(PEERS)}", err=True)
         raise typer.Exit(2)
     where = _run(lambda: check_bench(shape, batch, frames, prompt_len, device, DTYPES[dtype], chosen))
-    _run(lambda: run_bench(shape, batch, frames, prompt_len, pick_device(where), DTYPES[dtype], out, plot, chosen))
+    _run(lambda: run_bench(shape, batch, frames, prompt_len, pick_device(where), DTYPES[dtype], out, plot, chosen,
+                           env))
 
 
 voices_app = typer.Typer(add_completion=False, no_args_is_help=True, rich_markup_mode=None,

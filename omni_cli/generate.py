@@ -32,6 +32,7 @@ from omni_cli.output import StdoutLines
 from omni_cli.prompts import PromptRow, read_prompts
 from omni_cli.results import RowResults, input_fields
 from omni_cli.run_record import async_summary, run_record
+from omni_cli.runners.device import deterministic_cpu_threads, pick_device
 from omni_cli.runners.family import ModelFamily, PromptFieldError, family_class
 from omni_cli.runners.sampling.params import SamplingParams
 from omni_cli.runners.sampling.seeds import row_seed
@@ -124,7 +125,8 @@ def run_generate(opts: GenerateOptions, io: LocalIO | None = None) -> RunSummary
             return nothing_ran(len(rows), exit_code(e))
         lock = io.lock(opts)  # before the weights load
         try:
-            return _run(opts, config, base_params, rows, family, clips, t, guard, io)
+            with deterministic_cpu_threads(pick_device(config.device), config.deterministic):
+                return _run(opts, config, base_params, rows, family, clips, t, guard, io)
         except KeyboardInterrupt as e:  # before any row ran (the load): nothing to record
             return nothing_ran(len(rows), exit_code(e))
         finally:

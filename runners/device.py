@@ -275,6 +275,22 @@ def visible_gpus() -> int:
     return torch.cuda.device_count()
 
 
+@contextlib.contextmanager
+def deterministic_cpu_threads(device: torch.device, deterministic: bool):
+    """--deterministic on the CPU runs on one torch thread, then restores the count. On two
+    threads a busy machine changed a codec row's bytes from run to run (same codes, and the
+    same reported thread count: some kernel splits its sums by the threads it actually gets)."""
+    if not deterministic or device.type != "cpu":
+        yield
+        return
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
 def use_all_cpu_threads() -> None:
     """torch's intra-op threads = the CPUs this process may run on (a Ray actor starts with its
     OMP_NUM_THREADS set to its CPU share; the CPU codec's rounding follows the thread count)."""

@@ -73,6 +73,18 @@ def longest_row(manifest: list[dict]) -> dict:
     return max(manifest, key=lambda m: m["frames"])
 
 
+def decode_as_the_run(stage, out: Path, tokens: list[np.ndarray]) -> list[np.ndarray]:
+    """stage.decode of each row alone, on the torch threads the run in `out` decoded with (a
+    --deterministic CPU run takes one: runners/device.py, deterministic_cpu_threads)."""
+    import json
+
+    from omni_cli.runners.device import deterministic_cpu_threads
+
+    deterministic = json.loads((Path(out) / "run.json").read_text())["config"]["deterministic"]
+    with deterministic_cpu_threads(stage.device, deterministic):
+        return stage.decode(tokens, batched=False)
+
+
 def assert_written_audio_follows_its_codes(stage, out: Path, m: dict, tol: int = 0) -> None:
     """Row m's written audio (a PCM_16 file) is its own codes' decode, each row alone through
     `stage`, within `tol` steps; the control: its codes with one codec frame changed decode to
@@ -82,6 +94,6 @@ def assert_written_audio_follows_its_codes(stage, out: Path, m: dict, tol: int =
 
     tokens = np.load(out / m["logprobs_file"])["tokens"]
     written, _ = sf.read(out / m["file_name"], dtype="int16")
-    same, changed = stage.decode([tokens, change_one_frame(tokens)], batched=False)
+    same, changed = decode_as_the_run(stage, out, [tokens, change_one_frame(tokens)])
     assert same.shape == written.shape and max_lsb(same, written) <= tol, (m["id"], max_lsb(same, written))
     assert max_lsb(changed, written) > max(tol, 100), (m["id"], max_lsb(changed, written))  # control

@@ -15,7 +15,7 @@ import soundfile as sf
 
 from omni_cli.longform import (CROSSFADE_S, chunk_seed, crossfade_join, crossfade_samples, estimate_frames,
                                plan_chunks, split_sentences)
-from tests.audio_controls import codec_stage
+from tests.audio_controls import codec_stage, decode_as_the_run
 from tests.conftest import TINY, read_manifest, run_cli, write_jsonl
 
 
@@ -202,7 +202,7 @@ def test_boundaries_are_recorded_and_consistent(runs):
 
     stage = codec_stage(TINY, device=pick_device("auto"))  # where the run decoded (CUDA on a GPU machine)
     tokens = z["tokens"]
-    parts = stage.decode([tokens[frames[i]:frames[i + 1]] for i in range(5)], batched=False)
+    parts = decode_as_the_run(stage, out, [tokens[frames[i]:frames[i + 1]] for i in range(5)])
     joined, expect = crossfade_join(parts, crossfade_samples(sr))
     assert list(offsets) == expect and np.array_equal(joined, audio)
     assert all(offsets[i + 1] - offsets[i] == len(parts[i]) - crossfade_samples(sr) for i in range(4))

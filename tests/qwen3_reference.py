@@ -76,6 +76,21 @@ def ckpt(kind: str) -> Path:
 
 
 @lru_cache(maxsize=None)
+def model_yaml(tmp_path: Path, kind: str, dtype: str = "float32", device: str = "cpu") -> Path:
+    """A model YAML naming golden checkpoint `kind`."""
+    path = tmp_path / f"{kind}-{dtype}-{device}.yaml"
+    path.write_text(f"family: qwen3_tts\ncheckpoint: {ckpt(kind)}\ndtype: {dtype}\ndevice: {device}\nmax_seq_len: 256\n")
+    return path
+
+
+def golden_row(case: dict) -> dict:
+    """A golden call's arguments as a prompt row (the reference's field names); an empty instruct is none."""
+    row = {"id": case["name"], **{k: v for k, v in case["args"].items() if v != ""}}
+    if "ref_audio" in row:
+        row["ref_audio"] = str(GOLDEN / row["ref_audio"])
+    return row
+
+
 def configs(kind: str):
     return read_configs(ckpt(kind))
 

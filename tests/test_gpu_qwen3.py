@@ -10,22 +10,9 @@ import numpy as np
 import pytest
 
 from tests.conftest import read_manifest, run_cli, write_jsonl
-from tests.qwen3_reference import GOLDEN, arrays, cases, ckpt
+from tests.qwen3_reference import arrays, cases, golden_row, model_yaml
 
 pytestmark = pytest.mark.gpu
-
-
-def _config(tmp_path, kind: str, dtype: str = "float32"):
-    path = tmp_path / f"{kind}-{dtype}.yaml"
-    path.write_text(f"family: qwen3_tts\ncheckpoint: {ckpt(kind)}\ndtype: {dtype}\ndevice: cuda\nmax_seq_len: 256\n")
-    return path
-
-
-def _row(case: dict) -> dict:
-    row = {"id": case["name"], **{k: v for k, v in case["args"].items() if v != ""}}
-    if "ref_audio" in row:
-        row["ref_audio"] = str(GOLDEN / row["ref_audio"])
-    return row
 
 
 def test_graphed_float32_decode_gives_the_reference_codes(tmp_path):
@@ -47,9 +34,9 @@ def test_graphed_float32_decode_gives_the_reference_codes(tmp_path):
         differing = []
         for kind in ("custom_voice", "voice_design", "base"):
             chosen = [c for c in cases() if c["ckpt"] == kind]
-            prompts = write_jsonl(tmp_path / f"{kind}.jsonl", [_row(c) for c in chosen])
+            prompts = write_jsonl(tmp_path / f"{kind}.jsonl", [golden_row(c) for c in chosen])
             out = tmp_path / kind
-            res = run_cli("generate", prompts, "-o", out, "--model", _config(tmp_path, kind), "-q", "--temperature",
+            res = run_cli("generate", prompts, "-o", out, "--model", model_yaml(tmp_path, kind, device="cuda"), "-q", "--temperature",
                           "0", "--subtalker-temperature", "0", "--max-new-frames", "15", "--max-batch-size", "4")
             assert res.exit_code == 0, res.output
             for c in chosen:
@@ -70,7 +57,7 @@ def test_async_writes_what_sync_writes_on_cuda_bf16(tmp_path):
     got = {}
     for mode in ("--async-decode", "--no-async-decode"):
         out = tmp_path / mode
-        res = run_cli("generate", prompts, "-o", out, "--model", _config(tmp_path, "voice_design", "bfloat16"), "-q",
+        res = run_cli("generate", prompts, "-o", out, "--model", model_yaml(tmp_path, "voice_design", "bfloat16", "cuda"), "-q",
                       "--seed", "3", "--max-new-frames", "30", "--max-batch-size", "4", mode)
         assert res.exit_code == 0, res.output
         got[mode] = {m["id"]: np.load(out / m["logprobs_file"])["tokens"] for m in read_manifest(out)}
@@ -156,7 +143,7 @@ def test_deterministic_bf16_rows_identical_across_batch_sizes_and_async(tmp_path
     for batch, mode in (("1", "--no-async-decode"), ("3", "--async-decode"), ("8", "--no-async-decode"),
                         ("8", "--async-decode")):
         out = tmp_path / f"b{batch}{mode}"
-        res = run_cli("generate", prompts, "-o", out, "--model", _config(tmp_path, "voice_design", "bfloat16"), "-q",
+        res = run_cli("generate", prompts, "-o", out, "--model", model_yaml(tmp_path, "voice_design", "bfloat16", "cuda"), "-q",
                       "--seed", "11", "--max-new-frames", "24", "--max-batch-size", batch, "--deterministic", mode)
         assert res.exit_code == 0, res.output
         runs[(batch, mode)] = {m["id"]: ((out / m["file_name"]).read_bytes(), np.load(out / m["logprobs_file"]))

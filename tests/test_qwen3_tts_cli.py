@@ -15,7 +15,7 @@ import pytest
 import soundfile as sf
 
 from tests.conftest import REPO, read_manifest, run_cli, write_jsonl
-from tests.qwen3_reference import GOLDEN, arrays, cases, ckpt
+from tests.qwen3_reference import GOLDEN, arrays, cases, golden_row, model_yaml
 
 FRAMES = 15  # the golden runs' max_new_tokens 16: at most 15 frames
 GREEDY = ("--temperature", "0", "--subtalker-temperature", "0", "--deterministic", "--max-new-frames", str(FRAMES))
@@ -28,29 +28,15 @@ CASES = ("cv_vivian_auto_en", "cv_eric_dialect_auto_zh", "cv_aiden_instruct", "c
          "base_xvec_english_nonstream", "base_xvec_auto_stream")
 
 
-def _config(tmp_path, kind: str):
-    path = tmp_path / f"{kind}.yaml"
-    path.write_text(f"family: qwen3_tts\ncheckpoint: {ckpt(kind)}\ndtype: float32\ndevice: cpu\nmax_seq_len: 256\n")
-    return path
-
-
-def _row(case: dict) -> dict:
-    """A golden call's arguments as a prompt row (the reference's field names); an empty instruct is none."""
-    row = {"id": case["name"], **{k: v for k, v in case["args"].items() if v != ""}}
-    if "ref_audio" in row:
-        row["ref_audio"] = str(GOLDEN / row["ref_audio"])
-    return row
-
-
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     """One run a checkpoint type, all its golden cases as rows, four at a time."""
     tmp = tmp_path_factory.mktemp("qwen3-cli")
     out = {}
     for kind in ("custom_voice", "voice_design", "base"):
-        rows = [_row(c) for c in cases() if c["ckpt"] == kind and c["name"] in CASES]
+        rows = [golden_row(c) for c in cases() if c["ckpt"] == kind and c["name"] in CASES]
         prompts = write_jsonl(tmp / f"{kind}.jsonl", rows)
-        res = run_cli("generate", prompts, "-o", tmp / kind, "--model", _config(tmp, kind), "--max-batch-size", "4",
+        res = run_cli("generate", prompts, "-o", tmp / kind, "--model", model_yaml(tmp, kind), "--max-batch-size", "4",
                       "-q", *GREEDY)
         assert res.exit_code == 0, res.output
         out[kind] = tmp / kind
@@ -88,10 +74,10 @@ def test_a_changed_mode_fails_the_same_bounds(tmp_path):
     other = tmp_path / "other.wav"
     ref, rate = sf.read(GOLDEN / c["args"]["ref_audio"], dtype="float32")
     sf.write(other, np.roll(ref, 480), rate)
-    rows = [{**_row(c), "id": "mode", "non_streaming_mode": False}, {**_row(c), "id": "clip", "ref_audio": str(other)}]
+    rows = [{**golden_row(c), "id": "mode", "non_streaming_mode": False}, {**golden_row(c), "id": "clip", "ref_audio": str(other)}]
     prompts = write_jsonl(tmp_path / "p.jsonl", rows)
     out = tmp_path / "out"
-    assert run_cli("generate", prompts, "-o", out, "--model", _config(tmp_path, "base"), "-q", *GREEDY).exit_code == 0
+    assert run_cli("generate", prompts, "-o", out, "--model", model_yaml(tmp_path, "base"), "-q", *GREEDY).exit_code == 0
     want = arrays(c["name"])
     for rid in ("mode", "clip"):
         tokens = np.load(out / f"logprobs/{rid}.npz")["tokens"]

@@ -41,24 +41,6 @@ CHUNK_CONTEXT = 25  # and its left_context_size
 CODEC_FRAME_BYTES = 6 << 20
 
 
-def conv1d_fixed(x: torch.Tensor, conv: nn.Conv1d) -> torch.Tensor:
-    """conv(x) (x padded already) as one batched matmul over gathered taps: the CPU's conv kernels
-    split their sums by the threads they get, so their bits changed with the load (a deterministic
-    row's wav with them). x [B, Cin, T] -> [B, Cout, frames]."""
-    w, g, s, d = conv.weight, conv.groups, conv.stride[0], conv.dilation[0]  # w [Cout, Cin / g, k]
-    b, cin, t = x.shape
-    k = w.shape[-1]
-    n = (t - (k - 1) * d - 1) // s + 1
-    taps = torch.stack([x[..., j * d: j * d + (n - 1) * s + 1: s] for j in range(k)], dim=2)  # [B, Cin, k, n]
-    y = torch.einsum("bgckn,gock->bgon", taps.reshape(b, g, cin // g, k, n), w.reshape(g, -1, cin // g, k))
-    y = y.reshape(b, -1, n)
-    return y + conv.bias[:, None] if conv.bias is not None else y
-
-
-def conv1d(x: torch.Tensor, conv: nn.Conv1d) -> torch.Tensor:
-    return conv1d_fixed(x, conv) if x.device.type == "cpu" else conv(x)
-
-
 class CausalConv1d(nn.Module):
     """A Conv1d padded on the left by (effective kernel - stride), and on the right by what makes
     the last window whole (the reference's extra padding; zero at stride 1)."""
@@ -74,7 +56,7 @@ class CausalConv1d(nn.Module):
         length = x.shape[-1]
         frames = math.ceil((length - self.span + self.left) / self.stride + 1)
         right = (frames - 1) * self.stride + (self.span - self.left) - length
-        return conv1d(F.pad(x, (self.left, right)), self.conv)
+        return self.conv(F.pad(x, (self.left, right)))
 
 
 class CausalConvTranspose1d(nn.Module):
@@ -86,24 +68,8 @@ class CausalConvTranspose1d(nn.Module):
         self.trim = kernel - stride
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if x.device.type == "cpu":
-            return self._overlap_add(x)
         y = self.conv(x)
         return y[..., : y.shape[-1] - self.trim] if self.trim > 0 else y
-
-    def _overlap_add(self, x: torch.Tensor) -> torch.Tensor:
-        """The same transposed convolution as one matmul and a fixed-order overlap-add: the CPU's
-        ConvTranspose1d splits its sums by the threads it gets, so its bits changed with the load
-        (a deterministic row's wav with them). x [B, Cin, T] -> [B, Cout, T * stride]."""
-        w, s = self.conv.weight, self.conv.stride[0]  # w [Cin, Cout, K], K = m * stride
-        b, _, t = x.shape
-        m = w.shape[-1] // s
-        z = torch.einsum("bct,cok->botk", x, w).reshape(b, w.shape[1], t, m, s)
-        out = z[:, :, :, 0]
-        for i in range(1, m):  # output frame q also gets tap block i of input frame q - i
-            out = out + F.pad(z[:, :, : t - i, i], (0, 0, i, 0))
-        out = out.reshape(b, w.shape[1], t * s)
-        return out + self.conv.bias[:, None] if self.conv.bias is not None else out
 
 
 class ConvNeXtBlock(nn.Module):
@@ -196,7 +162,7 @@ class _RVQ(nn.Module):
         total = 0.0
         for k, layer in enumerate(self.vq.layers):
             total = total + F.embedding(codes[:, k], layer._codebook.table()).transpose(1, 2)
-        return conv1d(total, self.output_proj)
+        return self.output_proj(total)
 
 
 class _SplitRVQ(nn.Module):

@@ -27,9 +27,6 @@ import torch.nn.functional as F
 
 from ..fusion import Pending, add_norm, fuse_linears
 
-MODES = ("gemv", "fused", "invariant")
-
-
 class StepKV(NamedTuple):
     """Where a decode step's layers read and write keys: one query token a row."""
 

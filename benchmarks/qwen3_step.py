@@ -45,7 +45,7 @@ def profile(runner, sched, run_loop, steps: int = 20) -> dict:
     by_name: dict[str, list] = {}
     for e in events:
         by_name.setdefault(e.name, []).append(e.device_time_total if hasattr(e, "device_time_total") else e.cuda_time_total)
-    top = sorted(by_name.items(), key=lambda kv: -sum(kv[1]))[:15]
+    top = sorted(by_name.items(), key=lambda kv: -sum(kv[1]))[:30]
     return {"kernels_per_frame": len(events) / steps, "gpu_us_per_frame": sum(sum(v) for v in by_name.values()) / steps,
             "top": [(name[:90], len(v) / steps, sum(v) / steps) for name, v in top]}
 

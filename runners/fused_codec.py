@@ -53,7 +53,8 @@ def _unit_kernel(s_ptr, x_ptr, w1_ptr, b1_ptr, a2_ptr, w2_ptr, b2_ptr, out_ptr, 
         acc = tl.dot(tile, tl.load(w1_ptr + tap * C * C + w_offs), acc, input_precision=PRECISION)
     dt = s_ptr.dtype.element_ty
     y = (acc.to(dt).to(tl.float32) + tl.load(b1_ptr + ch).to(tl.float32)[None, :]).to(dt)
-    y = snake_value(y, tl.load(a2_ptr + ch).to(tl.float32)[None, :])
+    a2 = tl.load(a2_ptr + ch).to(tl.float32)[None, :]
+    y = snake_value(y, a2, a2)
     if MASKED:  # the 1x1 convolution reads nothing past the row's length
         y = tl.where((pos < tl.load(lengths_ptr + row) * rate)[:, None], y, 0.0).to(dt)
     z = tl.dot(y, tl.load(w2_ptr + w_offs), input_precision=PRECISION)

@@ -203,58 +203,76 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
 
 
 @triton.jit
-def snake_value(x, a):
-    """DAC's Snake of x (any shape, its dtype) with alpha a (float32, broadcast to x), each
-    step rounded to x's dtype where the PyTorch ops round. Shared by the Snake kernel
-    below and the codec's residual-unit kernel (runners/fused_codec.py)."""
+def snake_value(x, a, b):
+    """x + sin(a x)^2 / (b + 1e-9) of x (any shape, its dtype) with a and b float32, broadcast
+    to x: DAC's Snake (b = a = alpha) or SnakeBeta (a = e^alpha, b = e^beta, each already
+    rounded to x's dtype), each step rounded to x's dtype where the PyTorch ops round. Shared
+    by the Snake kernel below and the codec's residual-unit kernel (runners/fused_codec.py)."""
     dt = x.dtype
-    inv = (1.0 / (a + 1e-9).to(dt).to(tl.float32)).to(dt).to(tl.float32)
+    inv = (1.0 / (b + 1e-9).to(dt).to(tl.float32)).to(dt).to(tl.float32)
     sin = tl.sin((a * x.to(tl.float32)).to(dt).to(tl.float32)).to(dt).to(tl.float32)
     sq = (sin * sin).to(dt).to(tl.float32)
     return (x.to(tl.float32) + (inv * sq).to(dt).to(tl.float32)).to(dt)
 
 
 @triton.jit
-def _snake_kernel(x_ptr, alpha_ptr, out_ptr, lengths_ptr, bias_ptr, res_ptr, channels, t, rate,
-                  BLOCK: tl.constexpr, MASKED: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
-                  STORE_SUM: tl.constexpr):
+def _snake_kernel(x_ptr, alpha_ptr, beta_ptr, out_ptr, lengths_ptr, bias_ptr, res_ptr, channels, t, rate, left,
+                  right, x_stride, res_stride, BLOCK: tl.constexpr, MASKED: tl.constexpr, HAS_BIAS: tl.constexpr,
+                  HAS_RESIDUAL: tl.constexpr, STORE_SUM: tl.constexpr):
+    # x, res [B * C rows of t] at their row strides; out [B * C rows of left + t + right], zeros around
     row = tl.program_id(0).to(tl.int64)  # b * channels + c
-    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
-    ok = cols < t
-    x = tl.load(x_ptr + row * t + cols, mask=ok, other=0.0)
+    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK) - left  # the input's columns (< 0: the padding)
+    ok = (cols >= 0) & (cols < t)
+    x = tl.load(x_ptr + row * x_stride + cols, mask=ok, other=0.0)
     dt = x.dtype
     if HAS_BIAS:  # as ATen adds a bias after a cuDNN convolution: in float32, rounded
         x = (x.to(tl.float32) + tl.load(bias_ptr + row % channels).to(tl.float32)).to(dt)
     if HAS_RESIDUAL:
-        x = (tl.load(res_ptr + row * t + cols, mask=ok, other=0.0).to(tl.float32) + x.to(tl.float32)).to(dt)
+        x = (tl.load(res_ptr + row * res_stride + cols, mask=ok, other=0.0).to(tl.float32) + x.to(tl.float32)).to(dt)
     if STORE_SUM:  # over x: this program read these positions above
-        tl.store(x_ptr + row * t + cols, x, mask=ok)
-    y = snake_value(x, tl.load(alpha_ptr + row % channels).to(tl.float32))
+        tl.store(x_ptr + row * x_stride + cols, x, mask=ok)
+    y = snake_value(x, tl.load(alpha_ptr + row % channels).to(tl.float32),
+                    tl.load(beta_ptr + row % channels).to(tl.float32))
     if MASKED:  # zero past the row's length (a select, so garbage there, even inf, leaves nothing)
         y = tl.where(cols < tl.load(lengths_ptr + row // channels) * rate, y, 0.0).to(dt)
-    tl.store(out_ptr + row * t + cols, y, mask=ok)
+    y = tl.where(ok, y, 0.0).to(dt)  # the padding: zeros, as F.pad's
+    tl.store(out_ptr + row * (left + t + right) + left + cols, y, mask=cols < t + right)
 
 
 def snake(x: torch.Tensor, alpha: torch.Tensor, lengths: torch.Tensor | None = None, rate: int = 1, *,
-          bias: torch.Tensor | None = None, residual: torch.Tensor | None = None, keep: bool = False):
+          bias: torch.Tensor | None = None, residual: torch.Tensor | None = None, keep: bool = False,
+          beta: torch.Tensor | None = None, pad: tuple[int, int] = (0, 0)):
     """DAC's Snake activation x + sin(alpha x)^2 / (alpha + 1e-9) in one pass (transformers'
-    Snake1d runs seven kernels over the whole signal). x [B, C, T]; alpha [1, C, 1].
-    With lengths [B]: the output is zero from position lengths[b] * rate of row b on.
+    Snake1d runs seven kernels over the whole signal). x [B, C, T]; alpha [1, C, 1] (or [C]).
+    With beta [C]: x + sin(alpha x)^2 / (beta + 1e-9), SnakeBeta's form (the caller passes
+    its e^alpha and e^beta). With lengths [B]: the output is zero from position lengths[b] * rate
+    of row b on. pad (left, right): the output is [B, C, left + T + right], the activation between
+    zeros (a causal convolution's input padding, written here instead of by a copy).
 
     The Snake's input may be v = residual + (x + bias) instead of x, each sum rounded: a
     convolution's output without its bias [C] (ATen adds a bias after cuDNN's convolution as
     one more pass over the signal), and a residual unit's input [B, C, T]. With keep, v is
-    written over x (contiguous: a buffer the caller owns; each position is read before it is
-    written, by the same program), which is then returned with the Snake: (x, Snake(v))."""
+    written over x (a buffer the caller owns; each position is read before it is written, by
+    the same program), which is then returned with the Snake: (x, Snake(v)). x and residual
+    may be views with a row stride (a causal transposed convolution's trimmed output)."""
     b, c, t = x.shape
-    assert x.is_contiguous() or not keep, "keep writes the sum over x"
-    x = x.contiguous()
-    out = torch.empty_like(x)
+
+    def rows_of(v: torch.Tensor) -> tuple[torch.Tensor, int]:  # [B, C, T] -> itself (or a copy), row stride
+        if v.stride(2) == 1 and v.stride(0) == c * v.stride(1):
+            return v, v.stride(1)
+        assert not (keep and v is x), "keep writes the sum over x: a buffer of rows"
+        return v.contiguous(), t
+
+    x, x_stride = rows_of(x)
+    res, res_stride = rows_of(residual) if residual is not None else (x, x_stride)
+    left, right = pad
+    out = torch.empty((b, c, left + t + right), dtype=x.dtype, device=x.device)
+    alpha = alpha.contiguous()
     block = 1024
-    _snake_kernel[(b * c, triton.cdiv(t, block))](
-        x, alpha.contiguous(), out, x if lengths is None else lengths, x if bias is None else bias.contiguous(),
-        x if residual is None else residual.contiguous(), c, t, rate, BLOCK=block, MASKED=lengths is not None,
-        HAS_BIAS=bias is not None, HAS_RESIDUAL=residual is not None,
+    _snake_kernel[(b * c, triton.cdiv(left + t + right, block))](
+        x, alpha, alpha if beta is None else beta.contiguous(), out, x if lengths is None else lengths,
+        x if bias is None else bias.contiguous(), res, c, t, rate, left, right, x_stride, res_stride, BLOCK=block,
+        MASKED=lengths is not None, HAS_BIAS=bias is not None, HAS_RESIDUAL=residual is not None,
         STORE_SUM=keep and (bias is not None or residual is not None))
     return (x, out) if keep else out
 

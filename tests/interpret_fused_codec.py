@@ -24,7 +24,9 @@ torchaudio_standin.install()  # before transformers is imported: its torchaudio 
 
 
 def main() -> int:
-    return 0 if _snake_matches() and _masked_codec_matches() and _half_codec_matches() else 1
+    ok = [_snake_matches(), _masked_codec_matches(), _half_codec_matches(), _snake_beta_matches(),
+          _qwen3_vocoder_matches()]
+    return 0 if all(ok) else 1
 
 
 def _masked_codec_matches() -> bool:
@@ -145,6 +147,77 @@ def _snake_of_a_sum_matches(ref, g) -> bool:
     print(f"snake of a sum: the sum in float16 bit for bit {bits}, the Snake {err:.2e} off (masked, float32); "
           f"nothing added {err_plain:.2e}")
     return bits and err < 1e-5 and same is x and err_plain < 1e-5
+
+
+
+def _snake_beta_matches() -> bool:
+    """The Snake kernel in SnakeBeta's form against runners/qwen3_tts/codec.py's SnakeBeta, in float16
+    bit for bit: plain, over a strided view, and over a bias and a residual summed (kept) with the
+    causal padding written around it."""
+    import torch.nn.functional as F
+
+    from omni_cli.runners.fused_ops import snake
+    from omni_cli.runners.qwen3_tts.codec import SnakeBeta
+
+    g = torch.Generator().manual_seed(5)
+    m = SnakeBeta(24)
+    m.alpha.data = torch.randn(24, generator=g) * 0.5
+    m.beta.data = torch.randn(24, generator=g) * 0.5
+    m = m.half()
+    a, b = torch.exp(m.alpha.detach()), torch.exp(m.beta.detach())
+    wide = (torch.randn(2, 24, 310, generator=g) * 3).half()
+    x, bias, res = wide[..., :300], torch.randn(24, generator=g).half(), torch.randn(2, 24, 300, generator=g).half()
+    with torch.inference_mode():
+        plain = torch.equal(snake(x, a, beta=b), m(x))
+        v = res + (x + bias[:, None])
+        kept, padded = snake(x.clone(), a, bias=bias, residual=res, keep=True, beta=b, pad=(6, 4))
+        summed = torch.equal(kept, v) and torch.equal(padded, F.pad(m(v), (6, 4)))
+        control = torch.equal(snake(x, a, beta=a), m(x))  # the alpha in the beta's place: must differ
+    print(f"SnakeBeta kernel bit for bit (float16): plain {plain}, bias + residual kept and padded {summed}; "
+          f"control (alpha as beta) equal: {control}")
+    return plain and summed and not control
+
+
+def _qwen3_vocoder_matches() -> bool:
+    """The tiny 12 Hz decoder (configs/tiny-qwen3-tts) with its vocoder on the fused kernels against
+    its modules, float32, two rows of different lengths in one call, its dilated convolutions as
+    they are and folded; controls (a frame's codes changed) must fail the bound."""
+    from pathlib import Path
+
+    from omni_cli.runners.qwen3_tts import fused_codec
+    from omni_cli.runners.qwen3_tts.codec import Qwen3Codec, load_decoder
+    from omni_cli.runners.qwen3_tts.codec_config import SpeechTokenizerConfig
+    from tests.audio_controls import change_codec_frame
+
+    root = Path(__file__).resolve().parent.parent / "configs" / "tiny-qwen3-tts" / "speech_tokenizer"
+    cfg = SpeechTokenizerConfig.from_file(root / "config.json")
+    dec = load_decoder(root, cfg, torch.float32, torch.device("cpu"))
+    g = torch.Generator().manual_seed(6)
+    for name, p in dec.named_parameters():  # SnakeBeta's log-scale parameters off their zero init
+        if name.endswith(("alpha", "beta")):
+            p.data = torch.randn(p.shape, generator=g) * 0.5
+    plain, fused = Qwen3Codec(dec, eos_id=-1), Qwen3Codec(copy.deepcopy(dec), eos_id=-1)
+    fused.decoder.fused = True
+    codes = torch.randint(0, cfg.decoder.codebook_size, (2, 16, 11), generator=g)
+    lengths = torch.tensor([11, 6])
+    hop, bound, ok = plain.hop_length, 1e-5, True
+    with torch.inference_mode():
+        want = plain.decode(codes, lengths)
+        other = plain.decode(change_codec_frame(change_codec_frame(codes, 0, 5), 1, 3), lengths)
+        width = dec.cfg.decoder_dim // 2 ** len(dec.cfg.upsample_rates)
+        for folded in (set(), {(width * 2 ** i, d) for i in range(4) for d in (3, 9)}):
+            fused_codec.FOLDED_CONVS, saved = folded, fused_codec.FOLDED_CONVS
+            try:
+                got = fused.decode(codes, lengths)
+            finally:
+                fused_codec.FOLDED_CONVS = saved
+            err = max((got[i, : n * hop] - want[i, : n * hop]).abs().max().item() for i, n in enumerate(lengths.tolist()))
+            control = min((got[i, : n * hop] - other[i, : n * hop]).abs().max().item()
+                          for i, n in enumerate(lengths.tolist()))
+            print(f"12 Hz vocoder fused against the modules (float32, folded convolutions: {len(folded)}): "
+                  f"{err:.2e} (bound {bound:.0e}); control (a frame's codes changed) {control:.2e}")
+            ok = ok and err < bound and control > bound
+    return ok
 
 
 if __name__ == "__main__":

@@ -155,3 +155,35 @@ def test_deterministic_bf16_rows_identical_across_batch_sizes_and_async(tmp_path
             assert got[rid][0] == wav, (key, rid)
             for name in ("tokens", "logprobs"):
                 np.testing.assert_array_equal(got[rid][1][name], npz[name], err_msg=f"{key} {rid} {name}")
+
+
+def test_fused_vocoder_at_the_release_widths_within_bf16_rounding():
+    """The 12 Hz decoder at the release's widths (random weights; its 384-channel units folded), bf16
+    on CUDA with the vocoder fused: rows of different lengths in one call are each within the bf16
+    modules' own distance from float32 (x1.5) of the float32 modules' decode of that row alone;
+    control: a frame's codes changed fails that bound."""
+    import copy
+
+    import torch
+
+    from benchmarks.qwen3_codec import build
+    from tests.audio_controls import change_codec_frame
+
+    dev = torch.device("cuda")
+    ref = build(torch.float32, dev)
+    fused, plain = copy.deepcopy(ref), copy.deepcopy(ref)
+    fused.decoder, plain.decoder = fused.decoder.to(torch.bfloat16), plain.decoder.to(torch.bfloat16)
+    fused.decoder.fused, plain.decoder.fused, ref.decoder.fused = True, False, False
+    g = torch.Generator().manual_seed(4)
+    codes = torch.randint(0, 2048, (3, 16, 40), generator=g).to(dev)
+    lengths = torch.tensor([40, 23, 31], device=dev)
+    hop = ref.hop_length
+    with torch.inference_mode():
+        got = fused.decode(codes, lengths)
+        for i, n in enumerate(lengths.tolist()):
+            row = codes[i: i + 1, :, :n]
+            want = ref.decode(row, None)[0]
+            bound = 1.5 * (plain.decode(row, None)[0] - want).abs().max().item()
+            assert (got[i, : n * hop] - want).abs().max().item() <= bound, i
+            other = ref.decode(change_codec_frame(row, 0, n // 2), None)[0]
+            assert (got[i, : n * hop] - other).abs().max().item() > bound, i

@@ -29,6 +29,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from ..attention import fused_kernels_available
 from ..checkpoint import load_into, read_safetensors
 from .blocks import DecoderLayer, RMSNorm, gqa_sdpa, rope_tables
 from .codec_config import CodecDecoderConfig, SpeechTokenizerConfig
@@ -52,11 +53,14 @@ class CausalConv1d(nn.Module):
         self.span = (kernel - 1) * dilation + 1
         self.left = self.span - stride
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def pad(self, x: torch.Tensor) -> torch.Tensor:
         length = x.shape[-1]
         frames = math.ceil((length - self.span + self.left) / self.stride + 1)
         right = (frames - 1) * self.stride + (self.span - self.left) - length
-        return self.conv(F.pad(x, (self.left, right)))
+        return F.pad(x, (self.left, right))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.conv(self.pad(x))
 
 
 class CausalConvTranspose1d(nn.Module):
@@ -248,6 +252,7 @@ class CodecDecoder(nn.Module):
         out_dim = cfg.decoder_dim // 2 ** len(cfg.upsample_rates)
         layers += [SnakeBeta(out_dim), CausalConv1d(out_dim, 1, 7)]
         self.decoder = nn.ModuleList(layers)
+        self.fused = False  # the vocoder on Triton kernels: set on CUDA by load_decoder (tests: the interpreter)
 
     def forward(self, codes: torch.Tensor) -> torch.Tensor:
         """codes [B, Q, T] in [0, codebook) -> audio [B, T * total_upsample] float, one whole chunk."""
@@ -256,6 +261,10 @@ class CodecDecoder(nn.Module):
         for blocks in self.upsample:
             for block in blocks:
                 h = block(h)
+        if self.fused:  # the vocoder on its fused kernels, clamped there (runners/qwen3_tts/fused_codec.py)
+            from .fused_codec import vocoder
+
+            return vocoder(self.decoder, h)[:, 0]
         for layer in self.decoder:
             h = layer(h)
         return h.clamp(min=-1, max=1)[:, 0]
@@ -283,6 +292,7 @@ def load_decoder(folder: Path, cfg: SpeechTokenizerConfig, dtype: torch.dtype, d
     load_into(dec, state, Path(folder))
     dec = dec.to(device=device, dtype=dtype).eval()
     dec.pre_transformer.set_rope(device)  # float32 whatever the weights' dtype
+    dec.fused = fused_kernels_available(device)
     return dec
 
 

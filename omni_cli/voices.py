@@ -118,12 +118,22 @@ def check_references(rows: list, bank: dict[str, Voice], base: Path) -> dict[str
     return clips
 
 
-def cache_dir() -> Path:
-    """Where reference codes are kept: $OMNI_CACHE_DIR, else $XDG_CACHE_HOME/omni-cli, else ~/.cache/omni-cli."""
+def cache_root() -> Path:
+    """$OMNI_CACHE_DIR, else $XDG_CACHE_HOME/omni-cli, else ~/.cache/omni-cli."""
     if os.environ.get("OMNI_CACHE_DIR"):
-        return Path(os.environ["OMNI_CACHE_DIR"]).expanduser() / "voices"
-    base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
-    return base / "omni-cli" / "voices"
+        return Path(os.environ["OMNI_CACHE_DIR"]).expanduser()
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "omni-cli"
+
+
+def cache_dir() -> Path:
+    """Where reference codes are kept: voices/ of the cache root, a folder per codec identity."""
+    return cache_root() / "voices"
+
+
+def codec_key(model) -> str:
+    """The codec identity's first 32 hex digits, its folder's name; the digest is remembered in the
+    cache's codec-identities/ (runners/digest.py), so a run with the same codec files reads none."""
+    return model.codec_identity(store=cache_root() / "codec-identities").replace("sha256:", "")[:32]
 
 
 @dataclass
@@ -142,7 +152,7 @@ def encode_clips(model, clips: dict[str, Clip], read_cache: bool = True) -> tupl
     encoded once; all uncached clips go to the encoder in one call (one by one after a failure,
     so that only a clip that fails fails its rows)."""
     stats = EncodeStats(distinct=len(clips))
-    folder = cache_dir() / model.codec_identity.replace("sha256:", "")[:32]
+    folder = cache_dir() / codec_key(model)
     out: dict[str, np.ndarray | Exception] = {}
     todo = []
     for sha in sorted(clips):

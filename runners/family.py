@@ -27,6 +27,7 @@ import abc
 import contextlib
 import importlib
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Protocol
 
 import numpy as np
@@ -248,11 +249,21 @@ class ModelFamily(abc.ABC):
         """Samples of a decode of prefix + row frames that belong to the prefix (and are dropped)."""
         return prefix_frames * self.codec.hop_length
 
-    @property
-    def codec_identity(self) -> str:
-        """A stable name of the codec's weights and config (a hash of its files), for cache
-        keys of encoded references: equal strings, equal codes for equal audio."""
+    def codec_files(self) -> list[Path]:
+        """The files whose bytes make the codec (its config, then the weight files it loads), in a
+        fixed order: what ``codec_identity`` hashes."""
         raise NotImplementedError(f"{type(self).__name__} does not encode reference audio")
+
+    def codec_identity(self, store: Path | None = None) -> str:
+        """A stable name of the codec's weights and config, "sha256:" + runners/digest.py's digest of
+        codec_files, for cache keys of encoded references: equal strings, equal codes for equal
+        audio. store: where the digest is remembered across runs (the job's cache folder), so a
+        later run reads no file to name the codec. Computed once per loaded family."""
+        from .digest import files_digest
+
+        if self.__dict__.get("_codec_identity") is None:
+            self._codec_identity = "sha256:" + files_digest(self.codec_files(), store)
+        return self._codec_identity
 
 
 def family_names() -> list[str]:

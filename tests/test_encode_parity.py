@@ -150,8 +150,11 @@ def test_family_encodes_lazily_and_names_its_codec():
 
     family = load_family(load_config(None), torch.float32, torch.device("cpu"))
     assert family._encoder is None  # loading the family paid nothing for the encoder
-    ident = family.codec_identity
-    assert ident.startswith("sha256:") and ident == family.codec_identity
+    from tests.test_digest import sha256_of
+
+    ident = family.codec_identity()
+    assert ident == "sha256:" + sha256_of(family.codec_files()) and ident == family.codec_identity()
+    assert [f.name for f in family.codec_files()] == ["config.json", "model.safetensors"]
     clip = _clip(2.0)
     codes = family.encode_audio([clip])
     assert family._encoder is not None and len(codes) == 1
@@ -162,16 +165,20 @@ def test_family_encodes_lazily_and_names_its_codec():
 def test_codec_digest_follows_the_files(tmp_path):
     import shutil
 
-    from omni_cli.runners.higgs_audio_v2.family import codec_digest
+    from omni_cli.runners.digest import hash_files
+    from omni_cli.runners.higgs_audio_v2.family import codec_files
+
+    def digest(folder):
+        return hash_files(codec_files(folder))
 
     copy = tmp_path / "codec"
     shutil.copytree(CODEC, copy)
-    assert codec_digest(copy) == codec_digest(CODEC)
+    assert digest(copy) == digest(CODEC)
     (copy / "old-shard.safetensors").write_bytes(b"stale")  # beside model.safetensors: never loaded
-    assert codec_digest(copy) == codec_digest(CODEC)
+    assert digest(copy) == digest(CODEC)
     cfg = copy / "config.json"
     cfg.write_text(cfg.read_text().replace('"kernel_size": 3', '"kernel_size": 3 '))  # same config, other bytes
-    assert codec_digest(copy) != codec_digest(CODEC)
+    assert digest(copy) != digest(CODEC)
 
 
 def test_a_codec_whose_hubert_config_has_spec_augment_loads(tmp_path):

@@ -320,7 +320,11 @@ def test_reference_encoders_and_codec_members():
     assert spk.dtype == np.float32 and rel(spk, z["spk_embedding"]) < 1e-5
     assert rel(base.speaker_embeddings([audio * 0.5 + 0.01])[0], z["spk_embedding"]) > 1e-5  # control
     assert cv.speaker_embeddings([audio]) is None
-    assert base.codec_identity.startswith("sha256:") and base.codec_identity == base.codec_identity
+    from tests.test_digest import sha256_of
+
+    assert base.codec_identity() == "sha256:" + sha256_of(base.codec_files())
+    assert [f.parent.name + "/" + f.name for f in base.codec_files()] == ["speech_tokenizer/config.json",
+                                                                          "speech_tokenizer/model.safetensors"]
     icl, xvec = prompts(base, ["base_icl_long_stream", "base_xvec_auto_stream"])
     assert np.array_equal(base.codec_prefix(icl), z["ref_codes"]) and base.codec_prefix(xvec) is None
     tokens = np.array([[5, 31, 0], [base.cfg.talker.codec_eos_token_id, 3, 2]])

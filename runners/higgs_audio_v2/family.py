@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import hashlib
 from pathlib import Path
 
 import numpy as np
@@ -90,7 +89,6 @@ class HiggsAudioV2(ModelFamily):
         self.codec_dir: Path | None = None  # set by load: the encoder is read from it on first use
         self.encoder_dtype = torch.float32  # the encoder's, whatever the LM's
         self._encoder: HiggsCodecEncoder | None = None
-        self._codec_identity: str | None = None
 
     @classmethod
     def load(cls, spec: LoadSpec) -> "HiggsAudioV2":
@@ -164,15 +162,11 @@ class HiggsAudioV2(ModelFamily):
                                                    expect_quantizers=self.num_streams)
         return self._encoder.encode(clips)
 
-    @property
-    def codec_identity(self) -> str:
-        """sha256 over the codec folder's config.json and its weight files (sorted by name; each
-        name and size before its bytes), hashed once."""
-        if self._codec_identity is None:
-            if self.codec_dir is None:
-                raise NotImplementedError("this HiggsAudioV2 was not loaded from a codec folder")
-            self._codec_identity = "sha256:" + codec_digest(self.codec_dir)
-        return self._codec_identity
+    def codec_files(self) -> list[Path]:
+        """config.json and the weight files read_codec loads (stale files beside them do not count)."""
+        if self.codec_dir is None:
+            raise NotImplementedError("this HiggsAudioV2 was not loaded from a codec folder")
+        return codec_files(self.codec_dir)
 
     def real_code_mask(self, tokens: np.ndarray) -> np.ndarray:
         """True where a sampled entry is an audio code, not stream BOS/EOS."""
@@ -186,19 +180,10 @@ def _prompter(lm_dir: Path, cfg: HiggsConfig, codec_config: Path) -> HiggsPrompt
     return HiggsPrompter(builder, frame_config(codec_config), cfg.num_codebooks)
 
 
-def codec_digest(folder: Path) -> str:
-    """Hex sha256 of a codec folder's config.json and the weight files it loads from (as
-    read_codec picks them: stale files beside them do not count), read in 1 MiB pieces."""
-    h = hashlib.sha256()
+def codec_files(folder: Path) -> list[Path]:
+    """A codec folder's config.json and the weight files it loads from (as read_codec picks them)."""
     loaded = weight_files(folder) if (folder / SINGLE).is_file() or (folder / INDEX).is_file() else [folder / PTH]
-    for f in [folder / "config.json", *loaded]:
-        h.update(f"{f.name}\0{f.stat().st_size}\0".encode())
-        with open(f, "rb") as fh:
-            while piece := fh.read(1 << 20):
-                h.update(piece)
-    return h.hexdigest()
-
-
+    return [folder / "config.json", *loaded]
 
 
 @contextlib.contextmanager

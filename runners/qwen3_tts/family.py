@@ -13,7 +13,6 @@ job's audio stage the same.
 
 from __future__ import annotations
 
-import hashlib
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -80,7 +79,6 @@ class Qwen3TTS(ModelFamily):
         self.load_phases: dict[str, float] = {}
         self._encoder: SpeechEncoder | None = None
         self._speaker: SpeakerEncoder | None = None
-        self._codec_identity: str | None = None
 
     @classmethod
     def load(cls, spec: LoadSpec) -> "Qwen3TTS":
@@ -164,20 +162,10 @@ class Qwen3TTS(ModelFamily):
             self._speaker = load_speaker_encoder(self.folder, self.cfg, self.runner.device, dtype)
         return [self._speaker.embed(c).float().cpu().numpy() for c in clips]
 
-    @property
-    def codec_identity(self) -> str:
-        """sha256 over speech_tokenizer/'s config.json and model.safetensors (each name and size
-        before its bytes), hashed once."""
-        if self._codec_identity is None:
-            h = hashlib.sha256()
-            tokenizer = self.folder / SPEECH_TOKENIZER
-            for f in (tokenizer / "config.json", tokenizer / "model.safetensors"):
-                h.update(f"{f.name}\0{f.stat().st_size}\0".encode())
-                with open(f, "rb") as fh:
-                    while piece := fh.read(1 << 20):
-                        h.update(piece)
-            self._codec_identity = "sha256:" + h.hexdigest()
-        return self._codec_identity
+    def codec_files(self) -> list[Path]:
+        """speech_tokenizer/'s config.json and model.safetensors."""
+        tokenizer = self.folder / SPEECH_TOKENIZER
+        return [tokenizer / "config.json", tokenizer / "model.safetensors"]
 
     def codec_prefix(self, prompt: PromptInput) -> np.ndarray | None:
         """An in-context row's reference codes [R, 16], decoded before its frames."""

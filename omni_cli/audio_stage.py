@@ -22,6 +22,7 @@ from typing import Callable
 import numpy as np
 
 from omni_cli.runners.codec_stage import CodecStage
+from omni_cli.runners.device import adopt_torch_threads
 from omni_cli.scheduler import Request
 
 # rows whose files are written at once (soundfile and numpy release the GIL)
@@ -34,7 +35,10 @@ class AudioStage:
         self.batched = batched  # rows decoded together (CUDA, default mode), else one by one
         # the family's codec_prefix / prefix_cut: frames a row's audio is decoded after (an in-context reference)
         self._family = family
-        self._codec_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="omni-codec")
+        # the codec runs torch ops on its own thread: it takes the run's torch thread count (one under
+        # --deterministic on the CPU), which a new thread does not inherit (runners/device.py)
+        self._codec_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="omni-codec",
+                                                initializer=adopt_torch_threads)
         self._writers: ThreadPoolExecutor | None = None
         self._write: Callable | None = None
         self._pending: list[Future] = []  # appended by the loop's thread and the codec thread

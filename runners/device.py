@@ -278,8 +278,9 @@ def visible_gpus() -> int:
 @contextlib.contextmanager
 def deterministic_cpu_threads(device: torch.device, deterministic: bool):
     """--deterministic on the CPU runs on one torch thread, then restores the count. On two
-    threads a busy machine changed a codec row's bytes from run to run (same codes, and the
-    same reported thread count: some kernel splits its sums by the threads it actually gets)."""
+    threads a busy machine changed a codec row's bytes from run to run (some kernel splits its
+    sums by the threads it actually gets). Threads that run torch ops take the count with
+    adopt_torch_threads."""
     if not deterministic or device.type != "cpu":
         yield
         return
@@ -289,6 +290,13 @@ def deterministic_cpu_threads(device: torch.device, deterministic: bool):
         yield
     finally:
         torch.set_num_threads(before)
+
+
+def adopt_torch_threads() -> None:
+    """The calling thread takes the process's torch thread count (a worker thread's initializer).
+    NOTE: OpenMP keeps a thread count per thread: a thread started after torch.set_num_threads(1)
+    in another still ran a oneDNN convolution on every core, while torch.get_num_threads() said 1."""
+    torch.set_num_threads(torch.get_num_threads())
 
 
 def use_all_cpu_threads() -> None:

@@ -81,3 +81,39 @@ def test_a_role_with_no_stream_left_is_refused_by_name(monkeypatch):
     assert a.cuda_stream != b.cuda_stream
     with pytest.raises(RuntimeError, match="'load'"):
         device.role_stream(cuda, "load")
+
+
+_THREADS = """
+import ctypes, threading, torch
+libs = sorted({line.split()[-1] for line in open("/proc/self/maps") if "libgomp" in line or "libiomp" in line})
+if not libs:
+    print("no-openmp"); raise SystemExit
+omp = ctypes.CDLL(libs[0])  # the OpenMP runtime torch runs its CPU kernels on
+from omni_cli.audio_stage import AudioStage
+torch.set_num_threads(1)  # as --deterministic on the CPU does before the run builds its stages
+stage = AudioStage(None, batched=False)
+codec_thread = stage._codec_thread.submit(omp.omp_get_max_threads).result()
+stage._codec_thread.shutdown()
+fresh = []
+t = threading.Thread(target=lambda: fresh.append(omp.omp_get_max_threads()))
+t.start(); t.join()
+print(codec_thread, fresh[0])
+"""
+
+
+def test_the_codec_thread_runs_on_the_runs_torch_thread_count():
+    """OpenMP keeps a thread count per thread: the codec thread takes the process's (one under
+    --deterministic on the CPU), read from the OpenMP runtime torch loaded; control: a plain new
+    thread keeps OpenMP's default (every core), where there are several."""
+    import os
+
+    import pytest
+
+    res = subprocess.run([sys.executable, "-c", _THREADS], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr
+    if res.stdout.strip() == "no-openmp":
+        pytest.skip("torch runs on no OpenMP runtime here")
+    codec_thread, fresh = map(int, res.stdout.split())
+    assert codec_thread == 1
+    if len(os.sched_getaffinity(0)) > 1:
+        assert fresh > 1

@@ -1,0 +1,176 @@
+"""Paged KV's bookkeeping on the host: fixed-size blocks, each row's block table, and a prefix cache
+keyed on content (issue 45; the device-side cache and attention over block tables come next).
+
+A row's KV is a list of block ids (its block table), position p in block table[p // block_size]
+at p % block_size. A full block whose positions were computed from a prompt's content is
+registered under a chained hash of that content (the hash of the block before it, then its
+positions' content keys: ``PromptInput.content``, where an audio position holds a key of its
+frame's codes), so a later prompt whose first blocks have the same content takes those blocks
+instead of computing them again, and rows with different audio never share one. Blocks are
+reference counted: a shared block lives while any row holds it; a released block with a hash
+stays cached, unreferenced, until a new block is needed and it is the least recently released.
+Only whole blocks of a prompt are shared: the block a row's own tokens start in is its own.
+
+Nothing here touches the device: the engine writes and reads the blocks this pool hands out.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Sequence
+
+
+def block_hash(parent: int | None, content: Sequence[int]) -> int:
+    """A 63-bit BLAKE2b of the parent block's hash and the block's content keys (signed 64-bit)."""
+    h = hashlib.blake2b(digest_size=8)
+    h.update(b"root" if parent is None else parent.to_bytes(8, "little"))
+    for key in content:
+        h.update(int(key).to_bytes(8, "little", signed=True))
+    return int.from_bytes(h.digest(), "little") >> 1
+
+
+@dataclass
+class PrefixStats:
+    """What the cache did, for run.json's ``prefix_cache``."""
+
+    prefilled_positions: int = 0  # prompt positions whose KV a prefill computes
+    reused_positions: int = 0  # prompt positions taken from cached blocks instead
+    evicted_blocks: int = 0  # cached blocks given to other content
+
+    def as_record(self) -> dict:
+        return dict(self.__dict__)
+
+
+@dataclass
+class RowBlocks:
+    """A row's blocks: ``table`` in position order; the first ``cached`` positions came from the cache."""
+
+    table: list[int] = field(default_factory=list)
+    cached: int = 0
+    hashes: list[int] = field(default_factory=list)  # the prompt's full blocks' chained hashes
+
+
+class BlockPool:
+    """num_blocks blocks of block_size positions. Not thread-safe: the scheduler's thread owns it."""
+
+    def __init__(self, num_blocks: int, block_size: int):
+        if num_blocks < 1 or block_size < 1:
+            raise ValueError(f"a pool of {num_blocks} blocks of {block_size} positions")
+        self.block_size = block_size
+        self.refs = [0] * num_blocks
+        self._hash_of: list[int | None] = [None] * num_blocks
+        self._by_hash: dict[int, int] = {}
+        self._never_used = list(range(num_blocks - 1, -1, -1))  # popped from the end: block 0 first
+        self._idle: OrderedDict[int, None] = OrderedDict()  # unreferenced cached blocks, least recent first
+        self.rows: dict[str, RowBlocks] = {}
+        self.stats = PrefixStats()
+
+    # ---- queries ---------------------------------------------------------
+    @property
+    def free_blocks(self) -> int:
+        """Blocks a new row may take: never used, or cached and unreferenced (evictable)."""
+        return len(self._never_used) + len(self._idle)
+
+    def blocks_for(self, positions: int) -> int:
+        return -(-positions // self.block_size)
+
+    def prefix_hashes(self, content: Sequence[int]) -> list[int]:
+        """The chained hashes of content's full blocks, except a last block that would hold the
+        prompt's final position (a row computes at least its last position itself: its logits)."""
+        out: list[int] = []
+        parent = None
+        whole = (len(content) - 1) // self.block_size
+        for b in range(whole):
+            parent = block_hash(parent, content[b * self.block_size: (b + 1) * self.block_size])
+            out.append(parent)
+        return out
+
+    def cached_prefix(self, hashes: Sequence[int]) -> list[int]:
+        """The cached blocks of the longest run of hashes from the first."""
+        blocks = []
+        for h in hashes:
+            b = self._by_hash.get(h)
+            if b is None:
+                break
+            blocks.append(b)
+        return blocks
+
+    def can_admit(self, content: Sequence[int], positions: int) -> bool:
+        """Whether a row of this prompt content and `positions` positions in all (prompt and the frames
+        it may generate) fits now."""
+        hit = self.cached_prefix(self.prefix_hashes(content))
+        revived = sum(1 for b in hit if self.refs[b] == 0)  # idle blocks the row takes back, not fresh ones
+        return self.blocks_for(positions) - len(hit) <= self.free_blocks - revived
+
+    # ---- a row's life ----------------------------------------------------
+    def admit(self, rid: str, content: Sequence[int], positions: int) -> RowBlocks:
+        """Blocks for a new row: its prompt's cached prefix blocks (shared) and fresh ones for the rest
+        of `positions`. Raises MemoryError, changing nothing, when they do not fit (see can_admit)."""
+        if rid in self.rows:
+            raise ValueError(f"row {rid!r} already holds blocks")
+        if positions < len(content):
+            raise ValueError(f"row {rid!r}: {positions} positions for a {len(content)}-position prompt")
+        if not self.can_admit(content, positions):
+            raise MemoryError(f"row {rid!r} needs {self.blocks_for(positions)} blocks; {self.free_blocks} free")
+        hashes = self.prefix_hashes(content)
+        hit = self.cached_prefix(hashes)
+        for b in hit:
+            self._hold(b)
+        row = RowBlocks(table=list(hit), cached=len(hit) * self.block_size, hashes=hashes)
+        row.table += [self._fresh() for _ in range(self.blocks_for(positions) - len(hit))]
+        self.rows[rid] = row
+        self.stats.reused_positions += row.cached
+        self.stats.prefilled_positions += len(content) - row.cached
+        return row
+
+    def publish(self, rid: str) -> None:
+        """After the row's prefill wrote its KV: its prompt's full blocks become cached content that
+        later rows may share (a block already cached under its hash keeps the first copy)."""
+        row = self.rows[rid]
+        for i, h in enumerate(row.hashes):
+            b = row.table[i]
+            if self._hash_of[b] is None and h not in self._by_hash:
+                self._hash_of[b], self._by_hash[h] = h, b
+
+    def grow(self, rid: str, positions: int) -> list[int]:
+        """Fresh blocks so the row holds `positions` positions (a long row past its estimate); MemoryError
+        when there are too few."""
+        row = self.rows[rid]
+        need = self.blocks_for(positions) - len(row.table)
+        if need > self.free_blocks:
+            raise MemoryError(f"row {rid!r} needs {need} more blocks; {self.free_blocks} free")
+        added = [self._fresh() for _ in range(max(need, 0))]
+        row.table += added
+        return added
+
+    def release(self, rid: str) -> None:
+        """The row finished: each block it held loses a reference; a block no row holds is free again,
+        kept as cache while it has a hash (last released, last evicted)."""
+        for b in reversed(self.rows.pop(rid).table):  # a row's last blocks are its least shareable: evicted first
+            self.refs[b] -= 1
+            if self.refs[b] == 0:
+                if self._hash_of[b] is None:
+                    self._never_used.append(b)
+                else:
+                    self._idle[b] = None
+
+    # ---- blocks ----------------------------------------------------------
+    def _hold(self, b: int) -> None:
+        if self.refs[b] == 0:
+            self._idle.pop(b, None)
+        self.refs[b] += 1
+
+    def _fresh(self) -> int:
+        """An unreferenced block for new content: never used first, else the least recently released
+        cached one (its hash forgotten)."""
+        if self._never_used:
+            b = self._never_used.pop()
+        else:
+            b, _ = self._idle.popitem(last=False)
+            del self._by_hash[self._hash_of[b]]
+            self._hash_of[b] = None
+            self.stats.evicted_blocks += 1
+        self.refs[b] = 1
+        return b

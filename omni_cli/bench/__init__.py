@@ -8,8 +8,8 @@ same shape in a process of its own (peer.py). For each batch size every row deco
 async loop under --deterministic. Reported: ms a decode step (a Qwen3-TTS frame: the talker step,
 15 predictor sub-steps, 16 draws) and audio-s/s over the whole run (prefill included; graph
 captures and kernel compiles are paid before it, in omni generate's warm-up), each against the
-floor set by the bytes a step must read (weights, plus KV) or the FLOPs it must do, on the cards
-common.CARD_BYTES_PER_S names.
+floor set by the bytes a step must read (weights, plus KV) or the FLOPs it must do: at the copy rate
+common.CARD_BYTES_PER_S gives the card, or on another card its copy rate as measured in the run.
 """
 
 from __future__ import annotations

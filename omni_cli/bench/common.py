@@ -40,12 +40,21 @@ class BenchRow:
         return d
 
 
+_MEASURED: dict[str, float | None] = {}  # device -> its measured copy rate, once a process
+
+
 def card_bytes_per_s(device: torch.device) -> float | None:
-    """The device-copy rate the floor uses, for the cards CARD_BYTES_PER_S names; else None."""
+    """The device-copy rate the floor uses: CARD_BYTES_PER_S's for the cards it names, else this
+    card's own copy rate measured once (measured_copy_bytes_per_s); None without CUDA."""
     if device.type != "cuda":
         return None
     name = torch.cuda.get_device_name(device)
-    return next((bw for key, bw in CARD_BYTES_PER_S if key in name), None)
+    known = next((bw for key, bw in CARD_BYTES_PER_S if key in name), None)
+    if known is not None:
+        return known
+    if str(device) not in _MEASURED:
+        _MEASURED[str(device)] = measured_copy_bytes_per_s(device)
+    return _MEASURED[str(device)]
 
 
 def floor_ms(read_bytes: int, flops: int, device: torch.device) -> float | None:

@@ -276,6 +276,18 @@ def visible_gpus() -> int:
 
 
 @contextlib.contextmanager
+def default_dtype(dtype: torch.dtype):
+    """torch's default dtype set to dtype inside, restored after: modules built inside get their
+    parameters in dtype directly (no float32 copy first)."""
+    before = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        yield
+    finally:
+        torch.set_default_dtype(before)
+
+
+@contextlib.contextmanager
 def deterministic_cpu_threads(device: torch.device, deterministic: bool):
     """--deterministic on the CPU runs on one torch thread, then restores the count. On two
     threads a busy machine changed a codec row's bytes from run to run (some kernel splits its

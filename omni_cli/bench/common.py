@@ -83,6 +83,11 @@ def measured_copy_bytes_per_s(device: torch.device, size: int = 1 << 30) -> floa
     return 2 * size / best
 
 
+def failed_note(peer: str, batch: int, e: BaseException) -> str:
+    """A peer's failure at a batch size as one line of the table's notes (the other peers stand)."""
+    return f"{peer} batch {batch}: failed: {type(e).__name__}: {(str(e) or ' ').splitlines()[0]}"
+
+
 def sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)

@@ -17,7 +17,7 @@ from omni_cli.runners.higgs_audio_v2.shapes import param_counts, shape_config, t
 from omni_cli.runners.sampling.params import SamplingParams
 from omni_cli.scheduler import Request
 
-from .common import BenchRow, RunResult, drive, floor_ms, progress, sync
+from .common import BenchRow, RunResult, drive, failed_note, floor_ms, progress, sync
 
 SHAPES = ("higgs-audio-v2-3b", "tiny-higgs-audio-v2")
 PEERS = ("sync", "async", "deterministic", "transformers")
@@ -109,7 +109,7 @@ def run(shape: str, batches: list[int], frames: int, prompt_len: int, device: to
                 rows.append(progress(BenchRow(peer, b, ms, b * max(steps - DELAY_FRAMES, 0) * AUDIO_S_PER_FRAME / wall,
                                               floor)))
             except Exception as e:  # one peer's failure (out of memory at a large batch) leaves the others
-                notes.append(f"{peer} batch {b}: failed: {type(e).__name__}: {(str(e) or ' ').splitlines()[0]}")
+                notes.append(failed_note(peer, b, e))
             if device.type == "cuda":
                 torch.cuda.empty_cache()
     return rows

@@ -11,6 +11,7 @@ import numpy as np
 import torch
 
 from omni_cli.runners.attention import KVCache
+from omni_cli.runners.device import default_dtype
 from omni_cli.runners.engine import DETERMINISTIC_SHAPES, Engine
 from omni_cli.runners.qwen3_tts.config import GenerationDefaults
 from omni_cli.runners.qwen3_tts.runner import Qwen3Runner
@@ -20,7 +21,7 @@ from omni_cli.runners.qwen3_tts.talker import Talker
 from omni_cli.runners.sampling.params import SamplingParams
 from omni_cli.scheduler import Request
 
-from .common import BenchRow, RunResult, drive, floor_ms, progress
+from .common import BenchRow, RunResult, drive, failed_note, floor_ms, progress
 
 PEERS = ("sync", "async", "deterministic", "qwen-tts")
 DEFAULT_PEERS = ("sync", "async")
@@ -32,13 +33,8 @@ def random_model(shape: str, dtype: torch.dtype, device: torch.device, max_seq_l
     """The talker (with its code predictor) of a shape, random weights built in dtype on device."""
     cfg = shape_config(shape)
     torch.manual_seed(0)
-    before = torch.get_default_dtype()
-    torch.set_default_dtype(dtype)
-    try:
-        with torch.device(device):
-            model = Talker(cfg, max_seq_len)
-    finally:
-        torch.set_default_dtype(before)
+    with torch.device(device), default_dtype(dtype):
+        model = Talker(cfg, max_seq_len)
     return model.to_runtime(device, dtype)
 
 
@@ -102,7 +98,7 @@ def run(shape: str, batches: list[int], frames: int, prompt_len: int, device: to
                 rows.append(progress(BenchRow(peer, b, res.ms_per_step, b * frames * AUDIO_S_PER_FRAME / res.wall_s,
                                               floor)))
             except Exception as e:  # one peer's failure (out of memory at a large batch) leaves the others
-                notes.append(f"{peer} batch {b}: failed: {type(e).__name__}: {(str(e) or ' ').splitlines()[0]}")
+                notes.append(failed_note(peer, b, e))
             if device.type == "cuda":
                 torch.cuda.empty_cache()
     del model

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import contextlib
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from ..device import Laps
+from ..device import Laps, default_dtype
 from ..budget import KVShape, build_engine
 from ..checkpoint import INDEX, PTH, SINGLE, resolve_file, resolve_folder, resolve_meta, stream_into, weight_files
 from ..codec_stage import CodecStage
@@ -96,7 +95,7 @@ class HiggsAudioV2(ModelFamily):
         lm_dir = resolve_folder(spec.checkpoint, "checkpoint")
         codec_dir = resolve_folder(spec.codec, "codec", pth=True)
         cfg = HiggsConfig.from_file(lm_dir / "config.json")
-        with torch.device(spec.device), _default_dtype(spec.dtype):
+        with torch.device(spec.device), default_dtype(spec.dtype):
             # built where and as it will run: a 5.4 B-parameter model initialised in float32 on
             # the host would dominate start-up
             model = HiggsAudioV2LM(cfg, spec.max_seq_len)
@@ -184,13 +183,3 @@ def codec_files(folder: Path) -> list[Path]:
     """A codec folder's config.json and the weight files it loads from (as read_codec picks them)."""
     loaded = weight_files(folder) if (folder / SINGLE).is_file() or (folder / INDEX).is_file() else [folder / PTH]
     return [folder / "config.json", *loaded]
-
-
-@contextlib.contextmanager
-def _default_dtype(dtype: torch.dtype):
-    before = torch.get_default_dtype()
-    torch.set_default_dtype(dtype)
-    try:
-        yield
-    finally:
-        torch.set_default_dtype(before)

@@ -17,6 +17,7 @@ from pathlib import Path
 import torch
 
 from ..checkpoint import load_into, parse_hub_id, read_safetensors, resolve_file, resolve_folder, stream_into
+from ..device import default_dtype
 from ..errors import OmniError
 from .codec import Qwen3Codec, load_decoder
 from .codec_config import SpeechTokenizerConfig
@@ -75,13 +76,8 @@ def load_talker(folder: Path, cfg: Qwen3TTSConfig, max_seq_len: int, dtype: torc
                 device: torch.device) -> Talker:
     """The talker (with its code predictor), built on ``device`` in ``dtype`` and filled straight
     from model.safetensors; rope tables float32."""
-    before = torch.get_default_dtype()
-    torch.set_default_dtype(dtype)
-    try:
-        with torch.device(device):
-            talker = Talker(cfg, max_seq_len)
-    finally:
-        torch.set_default_dtype(before)
+    with torch.device(device), default_dtype(dtype):
+        talker = Talker(cfg, max_seq_len)
     rename = lambda key: key if key.startswith("talker.") else None  # noqa: E731  (speaker_encoder.*: speaker.py)
     stream_into(_Root(talker), Path(folder), rename=rename)
     return talker.to_runtime(device, dtype)

@@ -176,6 +176,7 @@ def write_random_checkpoint(root: Path, name: str, model_type: str, dtype, devic
     import torch
     from safetensors.torch import save_file
 
+    from ..device import default_dtype
     from .codec import CodecDecoder
     from .codec_config import SpeechTokenizerConfig
     from .encoder import MimiEncoder
@@ -194,25 +195,19 @@ def write_random_checkpoint(root: Path, name: str, model_type: str, dtype, devic
     cfg = Qwen3TTSConfig.from_file(root / "config.json")
     codec_cfg = SpeechTokenizerConfig.from_file(root / "speech_tokenizer" / "config.json")
     torch.manual_seed(seed)
-    before = torch.get_default_dtype()
-    try:
-        torch.set_default_dtype(dtype)
-        with torch.device(device):
-            talker = Talker(cfg, 16)
-        state = {f"talker.{k}": v.detach().cpu().contiguous() for k, v in talker.state_dict().items()}
-        save_file(state, str(root / "model.safetensors"), metadata={"format": "pt"})
-        del talker, state
-        torch.set_default_dtype(torch.float32)
-        with torch.device(device):
-            dec = CodecDecoder(codec_cfg.decoder)
-            enc = MimiEncoder(codec_cfg.encoder_config, codec_cfg.path)
-        state = {f"decoder.{k}": v for k, v in dec.state_dict().items()}
-        state.update({f"encoder.{k}": v for k, v in enc.state_dict().items()})
-        for k, v in state.items():
-            if k.endswith("embedding_sum") or k.endswith("embed_sum"):
-                state[k] = torch.randn_like(v)  # codebook entries: zeros would decode every code alike
-        save_file({k: v.detach().cpu().contiguous() for k, v in state.items()},
-                  str(root / "speech_tokenizer" / "model.safetensors"),
-                  metadata={"format": "pt"})
-    finally:
-        torch.set_default_dtype(before)
+    with torch.device(device), default_dtype(dtype):
+        talker = Talker(cfg, 16)
+    state = {f"talker.{k}": v.detach().cpu().contiguous() for k, v in talker.state_dict().items()}
+    save_file(state, str(root / "model.safetensors"), metadata={"format": "pt"})
+    del talker, state
+    with torch.device(device), default_dtype(torch.float32):
+        dec = CodecDecoder(codec_cfg.decoder)
+        enc = MimiEncoder(codec_cfg.encoder_config, codec_cfg.path)
+    state = {f"decoder.{k}": v for k, v in dec.state_dict().items()}
+    state.update({f"encoder.{k}": v for k, v in enc.state_dict().items()})
+    for k, v in state.items():
+        if k.endswith("embedding_sum") or k.endswith("embed_sum"):
+            state[k] = torch.randn_like(v)  # codebook entries: zeros would decode every code alike
+    save_file({k: v.detach().cpu().contiguous() for k, v in state.items()},
+              str(root / "speech_tokenizer" / "model.safetensors"),
+              metadata={"format": "pt"})

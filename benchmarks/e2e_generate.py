@@ -209,6 +209,7 @@ def run(root: Path, rows: int, batch: int, frames: int, async_decode: bool, vary
             **{k: timings[k] for k in ("loop_s", "prefill_s", "prefill_steps", "write_tail_s", "tail_codec_s",
                                                 "write_busy_s", "codec_calls", "codec_s", "codec_max_call_s")},
             "step_ms": timings["step_ms"], "kv_budget": info.get("kv_budget"),
+            "kv_cache": info.get("kv_cache"), "prefix_cache": info.get("prefix_cache"),
             "query_hits": info["async_decode"]["query_hits"], "query_misses": info["async_decode"]["query_misses"]}
 
 
@@ -263,8 +264,10 @@ def main() -> None:
                     write_results(args.out, family=args.family, shape=shape, runs=results)
                     r = results[-1]
                     print(f"batch {batch}, {rows} rows: {r['audio_s_per_s_generate']:.1f} audio-s/s (generate), "
-                          f"{r['audio_s_per_s_wall']:.1f} (wall), first wav {r['first_wav_s'] or float('nan'):.1f} s",
-                          flush=True)
+                          f"{r['audio_s_per_s_wall']:.1f} (wall), first wav {r['first_wav_s'] or float('nan'):.1f} s, "
+                          f"references {r['references_s']} s, prefill {r['prefill_s']} s ({r['prefill_steps']} steps), "
+                          f"step p50 {r['step_ms'].get('p50')} ms, peak rows {(r['kv_cache'] or {}).get('peak_rows')}, "
+                          f"prefix cache {r['prefix_cache']}", flush=True)
     print(f"{'devices':>8} {'batch':>5} {'rows':>5} {'voices':>6} {'first wav s':>12} {'wall s':>7} {'load s':>7} {'warm s':>7} {'audio s':>8} "
           f"{'aud-s/s gen':>12} {'aud-s/s wall':>13} {'loop s':>7} {'prefill s':>9} {'prefills':>8} {'tail s':>7} "
           f"{'codec s':>8} {'calls':>6} {'longest':>8} {'tail codec':>10} {'writers':>8}")

@@ -150,7 +150,7 @@ def _run(opts: GenerateOptions, config: ModelConfig, base_params: SamplingParams
     identity = model_identity(config, spec, opts)
     earlier = io.earlier(opts.out) if opts.resume else {}
     io.clear_temporaries(opts.out)
-    scheduler = Scheduler(model.num_slots, config.max_seq_len)  # the budget may grant fewer slots
+    scheduler = Scheduler.for_runner(model.runner, config.max_seq_len)
     chunker = ChunkedRows(model, scheduler, opts.chunk_buffer, ChunkStore(opts.out), opts.resume)
     queued, rejected, kept, changed = _queue(rows, model, config, base_params, opts.seed, scheduler,
                                              identity, earlier, opts.out, (chunker, opts.chunk_method))
@@ -164,9 +164,12 @@ def _run(opts: GenerateOptions, config: ModelConfig, base_params: SamplingParams
     interrupted, stats, fault, stop = False, None, None, None
     code = EXIT_OK
     with progress:
-        if model.num_slots < config.max_batch_size and not opts.quiet:
-            progress.print_line(f"omni: device memory holds the KV cache of {model.num_slots} requests at once "
-                                f"(max_batch_size {config.max_batch_size}); running that many")
+        pool = model.runner.kv_blocks
+        if pool is not None and pool.num_blocks * pool.block_size < config.max_batch_size * config.max_seq_len \
+                and not opts.quiet:
+            progress.print_line(f"omni: device memory holds {pool.num_blocks * pool.block_size} KV positions, "
+                                f"max_batch_size {config.max_batch_size} rows of max_seq_len {config.max_seq_len} "
+                                "would take more: rows run as many at once as their own lengths fit")
         if opts.resume and not opts.quiet:
             progress.print_line(f"omni: resuming: {len(kept)} finished rows kept, {len(rows) - len(kept)} to do")
         for r in changed:
@@ -184,7 +187,7 @@ def _run(opts: GenerateOptions, config: ModelConfig, base_params: SamplingParams
 
             def stepped(n: int, loop_stats) -> None:
                 progress.step(n, model.runner.async_query_hit, model.runner.async_query_miss,
-                              loop_stats.sync_routed)
+                              loop_stats.sync_routed, pool.stats if pool is not None else None)
                 if opts.max_failures is not None and results.failed >= opts.max_failures:
                     raise _MaxFailures
 

@@ -25,6 +25,7 @@ class LoopStats:
     sync_routed: int = 0  # decode steps sent down the sync path by lookahead_eligible
     step_ms: list[float] = field(default_factory=list)  # host time per decode iteration
     prefill_ms: list[float] = field(default_factory=list)  # host time per prefill step
+    peak_rows: int = 0  # the most rows one decode step ran
 
     def percentiles(self) -> dict[str, float]:
         if not self.step_ms:
@@ -64,6 +65,8 @@ def run_loop(scheduler: Scheduler, runner, on_finished: Callable[[list[Request]]
             if so is None:  # every running request waits on the pending step
                 resolve()
                 continue
+            if not so.is_prefill:
+                stats.peak_rows = max(stats.peak_rows, len(so.requests))
             lookahead = async_decode and not so.is_prefill
             if lookahead and not runner.lookahead_eligible(so):
                 stats.sync_routed += 1

@@ -29,6 +29,7 @@ class Progress:
         self.frames = 0
         self.audio_s = 0.0
         self.hits = self.misses = self.sync_routed = 0
+        self.prefix = None  # the prefix cache's counts (runners/kv_blocks.py: PrefixStats), if the run has one
         self.note: str | None = None  # how the run ended, when not by finishing (e.g. "interrupted")
         self.chunks_total = self.chunks_done = self.long = 0  # long rows' chunks (omni_cli/chunked.py)
         self._last_chunk_line = 0.0
@@ -58,10 +59,11 @@ class Progress:
         elif not self.quiet:
             print(f"omni: {self.summary()}", file=sys.stderr, flush=True)
 
-    def step(self, frames: int, hits: int = 0, misses: int = 0, sync_routed: int = 0) -> None:
+    def step(self, frames: int, hits: int = 0, misses: int = 0, sync_routed: int = 0, prefix=None) -> None:
         with self._lock:
             self.frames += frames
             self.hits, self.misses, self.sync_routed = hits, misses, sync_routed
+            self.prefix = prefix
             self._maybe_draw()
 
     def long_rows(self, chunks: int, resumed: int, rows: int) -> None:
@@ -136,4 +138,9 @@ class Progress:
             rate = 100 * self.hits / (self.hits + self.misses)
             t.add_row("async hit rate", f"{rate:.1f}% ({self.hits}/{self.hits + self.misses}), "
                       f"{self.sync_routed} steps routed to sync")
+        p = self.prefix
+        if p is not None and p.prefilled_positions + p.reused_positions:
+            share = 100 * p.reused_positions / (p.prefilled_positions + p.reused_positions)
+            t.add_row("prompt reuse", f"{share:.1f}% of prompt positions from the prefix cache "
+                      f"({p.reused_positions:,} reused, {p.prefilled_positions:,} prefilled)")
         return t

@@ -35,6 +35,10 @@ def run_record(opts, config, model, results, progress, audio, stats, interrupted
         "dtype": config.dtype,
         "kv_slots": model.num_slots,
         "kv_budget": model.kv_budget,  # free memory and what was kept from it (CUDA), MiB
+        # the paged KV cache: its blocks, and the most rows a decode step ran (they fit by their own lengths)
+        "kv_cache": kv_record(model.runner.kv_blocks, stats),
+        # prompt positions computed by prefills, taken from cached blocks instead, cached blocks evicted
+        "prefix_cache": model.runner.kv_blocks.stats.as_record() if model.runner.kv_blocks is not None else None,
         "command": {k: (str(v) if isinstance(v, Path) else v) for k, v in opts.__dict__.items()},
         # failed: rows that failed on their own; interrupted_rows, skipped_rows: rows stopped before they ran
         "totals": {"rows": progress.total, "ok": results.ok, "failed": results.failed, "interrupted": interrupted,
@@ -69,6 +73,13 @@ def run_record(opts, config, model, results, progress, audio, stats, interrupted
     }
 
 
+def kv_record(pool, stats) -> dict | None:
+    if pool is None:
+        return None
+    return {"blocks": pool.num_blocks, "block_size": pool.block_size, "prefix_sharing": pool.share,
+            "peak_rows": stats.peak_rows if stats else None}
+
+
 def async_summary(enabled: bool, runner, stats) -> str:
     if not enabled:
         return "omni: async decode off (synchronous steps)"
@@ -93,7 +104,9 @@ def devices_record(opts, config, workers, progress, rows: int, statuses: dict[st
         per_worker.append({"device": opts.devices[w.slot], "pid": w.proc.pid, "share": f"{w.spec.share}/{w.spec.count}",
                            "attempt": w.spec.attempt, "end": end if end != "error" else f"error: {w.end[1]}",
                            "rows": len(w.spec.rows), "kv_slots": run.get("kv_slots"), "totals": run.get("totals"),
-                           "timings": run.get("timings"), "async_decode": run.get("async_decode")})
+                           "timings": run.get("timings"), "async_decode": run.get("async_decode"),
+                           "prefix_cache": run.get("prefix_cache")})
+    caches = [w["prefix_cache"] for w in per_worker if w["prefix_cache"]]
     return {
         "versions": versions(), "config": config.as_dict(), "device": list(opts.devices),
         "dtype": config.dtype, "kv_slots": [w["kv_slots"] for w in per_worker if w["kv_slots"] is not None],
@@ -109,6 +122,8 @@ def devices_record(opts, config, workers, progress, rows: int, statuses: dict[st
                     "frames_per_s": round(fps, 2), "audio_s_per_s": round(asps, 3)},
         "async_decode": {"enabled": config.async_decode, "query_hits": sum(f.hits for f in progress.figures),
                          "query_misses": sum(f.misses for f in progress.figures)},
+        # each worker's prefix cache is its own: their counts summed
+        "prefix_cache": {k: sum(c[k] for c in caches) for k in caches[0]} if caches else None,
         "devices": progress.records(),  # per device, its workers together
         "workers": per_worker,
     }

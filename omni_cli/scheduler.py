@@ -9,10 +9,13 @@ for its length, and a small one is host-bound, so one prompt costs nearly
 as much as eight, and a prefill per freed slot spends most of a run in
 one-prompt refills (BENCHMARKS.md, prefill).
 
-KV memory is a fixed pool of ``max_batch_size`` slots of ``max_seq_len``
-tokens each (the runner allocates it once). A request holds one slot from its
+A request holds one slot (its row of the runner's per-row state) from its
 prefill until it finishes; the slot pool enforces that a slot is freed exactly
-once and never handed to two requests.
+once and never handed to two requests. With the runner's block pool
+(runners/kv_blocks.py) its KV takes blocks for its own positions (prompt plus
+max_new_frames), some shared with earlier rows of the same prompt prefix: a
+request is admitted only when they fit, in queue order, and gives them back
+when it finishes. Without one, every slot holds max_seq_len positions.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from omni_cli.runners.budget import prefill_token_budget
+from omni_cli.runners.kv_blocks import BlockPool, RowBlocks
 from omni_cli.runners.prompt_input import PromptInput
 from omni_cli.runners.sampling.params import SamplingParams
 
@@ -90,6 +94,7 @@ class Request:
     seed: int
     status: Status = Status.WAITING
     slot: int | None = None
+    blocks: RowBlocks | None = None  # its KV blocks while it runs (with a block pool)
     # one entry per generated frame, host side: [num_codebooks] int64 / float32 each
     frames: FrameBuffer = field(default_factory=lambda: FrameBuffer(np.int64))
     logprobs: FrameBuffer = field(default_factory=lambda: FrameBuffer(np.float32))
@@ -151,8 +156,10 @@ class SlotPool:
 
 
 class Scheduler:
-    def __init__(self, max_batch_size: int, max_seq_len: int, max_prefill_tokens: int | None = None):
+    def __init__(self, max_batch_size: int, max_seq_len: int, max_prefill_tokens: int | None = None,
+                 blocks: BlockPool | None = None):
         self.max_batch_size = max_batch_size
+        self.blocks = blocks
         self.max_seq_len = max_seq_len
         # bounds the activation memory of one prefill, which runs every row at the length of its
         # longest prompt: rows x that length stays within it (a longer prompt runs alone)
@@ -162,6 +169,11 @@ class Scheduler:
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
 
+    @classmethod
+    def for_runner(cls, runner, max_seq_len: int) -> "Scheduler":
+        """As many rows as the runner has slots, admitted through its block pool (if it has one)."""
+        return cls(runner.num_slots, max_seq_len, blocks=runner.kv_blocks)
+
     def add(self, req: Request) -> None:
         """Queue a request. Raises ValueError if it can never fit in a KV slot."""
         need = req.kv_tokens_needed()
@@ -170,6 +182,10 @@ class Scheduler:
                 f"prompt ({len(req.prompt_ids)} tokens) plus max_new_frames ({req.params.max_new_frames}) "
                 f"needs {need} KV positions, over max_seq_len {self.max_seq_len}"
             )
+        if self.blocks is not None and self.blocks.blocks_for(need) > self.blocks.num_blocks:
+            raise ValueError(f"prompt ({len(req.prompt_ids)} tokens) plus max_new_frames ({req.params.max_new_frames}) "
+                             f"needs {need} KV positions; device memory holds "
+                             f"{self.blocks.num_blocks * self.blocks.block_size}")
         self.waiting.append(req)
 
     def has_work(self) -> bool:
@@ -183,19 +199,31 @@ class Scheduler:
         nothing can run now.
         """
         admitted: list[Request] = []
-        longest = 0  # the admitted prompts' longest: the prefill pads every row to it
+        # a prefill's forwards (one per first uncached position: runners/engine.py) pad their rows to
+        # their longest: each stays within max_prefill_tokens. start -> (rows, their longest)
+        forwards: dict[int, tuple[int, int]] = {}
         ready = [r for r in self.running if r.num_scheduled < r.params.max_new_frames]
         free = self.slots.num_free
         admit = free > 0 and (free >= min(self.refill, len(self.waiting)) or not ready)
+        if admit and ready and self.blocks is not None and self.waiting:  # where memory, not slots, is short:
+            head = self.waiting[0]  # as many free blocks as the same refill of rows like the queue's head takes
+            need = self.blocks.blocks_for(head.kv_tokens_needed() - self.blocks.cached_positions(head.prompt.content))
+            admit = self.blocks.free_blocks >= min(self.refill, len(self.waiting)) * need
         while admit and self.waiting and self.slots.num_free > 0:
             nxt = self.waiting[0]
-            padded = max(longest, len(nxt.prompt_ids))
-            if admitted and (len(admitted) + 1) * padded > self.max_prefill_tokens:
+            start = self.blocks.cached_positions(nxt.prompt.content) if self.blocks is not None else 0
+            rows, longest = forwards.get(start, (0, 0))
+            longest = max(longest, len(nxt.prompt_ids) - start)
+            if admitted and (rows + 1) * longest > self.max_prefill_tokens:
                 break
+            if self.blocks is not None:  # its KV must fit now (in queue order: no row overtakes it)
+                if not self.blocks.can_admit(nxt.prompt.content, nxt.kv_tokens_needed()):
+                    break
+                nxt.blocks = self.blocks.admit(nxt.rid, nxt.prompt.content, nxt.kv_tokens_needed())
             self.waiting.popleft()
             nxt.slot = self.slots.allocate()
             nxt.status = Status.RUNNING
-            longest = padded
+            forwards[start] = (rows + 1, longest)
             admitted.append(nxt)
         if admitted:
             self.running.extend(admitted)
@@ -218,3 +246,6 @@ class Scheduler:
         self.running.remove(req)
         self.slots.free(req.slot)
         req.slot = None
+        if req.blocks is not None:
+            self.blocks.release(req.rid)
+            req.blocks = None

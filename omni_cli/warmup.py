@@ -45,8 +45,10 @@ def warm_up_lm(runner, queued: list[Request], max_seq_len: int, async_decode: bo
         return Request(rid=f"warm-up-{i}", prompt=prompt, params=params, seed=template.seed)
 
     for batch in ([request(i, 2 + depth - i.bit_length()) for i in range(rows)], [request(0, 1)]):
-        scheduler = Scheduler(runner.num_slots, max_seq_len)
+        scheduler = Scheduler.for_runner(runner, max_seq_len)
         for r in batch:
             scheduler.add(r)
         run_loop(scheduler, runner, lambda reqs: None, lambda n, stats: None, async_decode)
     runner.async_query_hit = runner.async_query_miss = 0  # the run's counters start here
+    if runner.kv_blocks is not None:  # and its prefix cache: the warm-up's blocks change no row's output
+        runner.kv_blocks.forget()

@@ -74,8 +74,8 @@ class RelayProgress(Progress):
         super().__init__(total, quiet=True)
         self._link, self._sent = link, 0.0
 
-    def step(self, frames: int, hits: int = 0, misses: int = 0, sync_routed: int = 0) -> None:
-        super().step(frames, hits, misses, sync_routed)
+    def step(self, frames: int, hits: int = 0, misses: int = 0, sync_routed: int = 0, prefix=None) -> None:
+        super().step(frames, hits, misses, sync_routed, prefix)  # the prefix cache's counts reach run.json only
         if time.perf_counter() - self._sent > STEP_REPORT_S:
             self._report()
 

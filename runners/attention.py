@@ -1,12 +1,18 @@
-"""Static slot KV cache and attention over it (the engine's device memory).
+"""The KV cache in blocks, and attention over it (the engine's device memory).
 
-Layout: k/v [num_layers, num_slots, num_kv_heads, max_seq_len, head_dim].
-A request owns one slot for its lifetime; position p of that request lives at
-[:, slot, :, p]. Prefill writes positions P..P+T-1 of each row, P = 0 unless
-the rows' shared prompt prefix is already in their slots (runners/engine.py);
-rows are right padded to T; the padding positions hold garbage that is
-overwritten before any query can see it, because keys at or beyond a row's
-length are masked.
+Layout: k/v [num_layers, num_blocks, num_kv_heads, block_size, head_dim], and a block table
+[num_slots, max_seq_len / block_size] int32: position p of the request in slot s lives in block
+table[s, p // block_size] at p % block_size. Two layouts share this form:
+  - paged (``paged(...)``): blocks of a few positions that the host's BlockPool hands out
+    (runners/kv_blocks.py), shared by rows whose prompts open with the same content; the last
+    block is scratch, where every table entry no row owns points (padding rows, right padding
+    past a row's blocks), so a stray write never lands in another row's keys;
+  - one block a slot (the constructor): block_size = max_seq_len and table[s] = [s], the slot
+    cache, bit for bit, for tests and benches that place rows themselves.
+Prefill writes positions P..P+T-1 of each row, P = 0 unless the row's first P positions came
+from the prefix cache (runners/engine.py); rows are right padded to T; the padding positions
+hold garbage that is overwritten before any query can see it, because keys at or beyond a
+row's length are masked.
 """
 
 from __future__ import annotations
@@ -52,11 +58,60 @@ def fused_kernels_available(device: torch.device) -> bool:
 
 class KVCache:
     def __init__(self, num_layers: int, num_slots: int, num_kv_heads: int, max_seq_len: int, head_dim: int,
-                 dtype: torch.dtype, device: torch.device):
-        shape = (num_layers, num_slots, num_kv_heads, max_seq_len, head_dim)
+                 dtype: torch.dtype, device: torch.device, num_blocks: int | None = None, block_size: int | None = None):
+        """One block a slot (the slot cache) unless num_blocks and block_size are given (see ``paged``)."""
+        paged = num_blocks is not None
+        self.block_size = block_size if paged else max_seq_len
+        width = -(-max_seq_len // self.block_size)  # table entries a row
+        blocks = num_blocks + 1 if paged else num_slots  # paged: + the scratch block
+        shape = (num_layers, blocks, num_kv_heads, self.block_size, head_dim)
         self.k_gpu = torch.zeros(shape, dtype=dtype, device=device)
         self.v_gpu = torch.zeros(shape, dtype=dtype, device=device)
         self.max_seq_len = max_seq_len
+        self.num_slots = num_slots
+        self.paged = paged
+        self.scratch = blocks - 1 if paged else None
+        first = torch.full((num_slots, width), blocks - 1) if paged else torch.arange(num_slots)[:, None]
+        self.table_gpu = first.to(torch.int32).to(device)  # [S, width]
+        self.spare_slot = num_slots - 1  # the padding rows' slot (no request owns it)
+
+    @classmethod
+    def paged(cls, num_layers: int, num_slots: int, num_kv_heads: int, max_seq_len: int, head_dim: int,
+              dtype: torch.dtype, device: torch.device, num_blocks: int, block_size: int) -> "KVCache":
+        return cls(num_layers, num_slots, num_kv_heads, max_seq_len, head_dim, dtype, device, num_blocks, block_size)
+
+    def assign(self, slots: list[int], tables: list[list[int]]) -> None:
+        """The row in slots[i] holds blocks tables[i] (position order); the rest of its table points at
+        scratch. One copy to the device for all rows (outside the decode loop: at a prefill)."""
+        rows = torch.full((len(slots), self.table_gpu.shape[1]), self.scratch, dtype=torch.int32)
+        for i, blocks in enumerate(tables):
+            rows[i, : len(blocks)] = torch.tensor(blocks, dtype=torch.int32)
+        self.table_gpu[torch.tensor(slots, device=self.table_gpu.device)] = rows.to(self.table_gpu.device)
+
+    def write(self, layer: int, slots_gpu: torch.Tensor, positions_gpu: torch.Tensor, k: torch.Tensor,
+              v: torch.Tensor) -> None:
+        """k/v [B, KVH, T, D] stored at positions_gpu [B, T] of each row's slot."""
+        bs = self.block_size
+        blocks = self.table_gpu[slots_gpu[:, None], positions_gpu // bs].long()  # [B, T]
+        at = positions_gpu % bs
+        self.k_gpu[layer][blocks, :, at] = k.transpose(1, 2)  # indexed [B, T, KVH, D]
+        self.v_gpu[layer][blocks, :, at] = v.transpose(1, 2)
+
+    def gather(self, layer: int, slots_gpu: torch.Tensor, length: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Keys and values of positions 0..length-1 of each row: [B, KVH, length, D] each, a copy."""
+        bs = self.block_size
+        n = -(-length // bs)
+        kc, vc = self.k_gpu[layer], self.v_gpu[layer]
+        if n == 1:  # slice first, then gather: kc[blocks] would copy every position of the block
+            blocks = self.table_gpu[slots_gpu, 0].long()
+            return kc[:, :, :length][blocks], vc[:, :, :length][blocks]
+        blocks = self.table_gpu[slots_gpu, :n].long()  # [B, n]
+
+        def rows(cache: torch.Tensor) -> torch.Tensor:
+            x = cache[blocks]  # [B, n, KVH, bs, D]
+            return x.transpose(1, 2).reshape(x.shape[0], x.shape[2], n * bs, x.shape[4])[:, :, :length]
+
+        return rows(kc), rows(vc)
 
 
 @dataclass
@@ -90,27 +145,22 @@ class AttentionContext:
 
     def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         """q [B, H, T, D], k/v [B, KVH, T, D] -> [B, H, T, D]; stores k/v in the cache."""
-        kc, vc = self.kv.k_gpu[layer], self.kv.v_gpu[layer]
         if self.is_prefill:
-            p, t = self.prefix_len, q.shape[2]
-            kc[self.slots_gpu, :, p:p + t] = k
-            vc[self.slots_gpu, :, p:p + t] = v
+            p = self.prefix_len
+            self.kv.write(layer, self.slots_gpu, self.positions_gpu, k, v)
             keys, values = k, v  # a prompt attends to itself, and to its prefix in the cache:
             if p:
-                keys, values = kc[self.slots_gpu, :, :p + t], vc[self.slots_gpu, :, :p + t]
+                keys, values = self.kv.gather(layer, self.slots_gpu, p + q.shape[2])
         else:
-            pos = self.positions_gpu[:, 0]
-            kc[self.slots_gpu, :, pos] = k[:, :, 0]
-            vc[self.slots_gpu, :, pos] = v[:, :, 0]
+            self.kv.write(layer, self.slots_gpu, self.positions_gpu[:, :1], k, v)
             if self.lengths_gpu is not None:
                 from .decode_attention import decode_attention
 
-                return decode_attention(q, kc, vc, self.slots_gpu, self.lengths_gpu)
+                kc, vc = self.kv.k_gpu[layer], self.kv.v_gpu[layer]
+                return decode_attention(q, kc, vc, self.kv.table_gpu, self.slots_gpu, self.lengths_gpu)
+            keys, values = self.kv.gather(layer, self.slots_gpu, self.kv_len)
             if self.deterministic:
-                return self._blockwise(q, kc, vc)
-            # slice first, then gather: kc[slots] would copy all max_seq_len positions
-            keys = kc[:, :, : self.kv_len][self.slots_gpu]
-            values = vc[:, :, : self.kv_len][self.slots_gpu]
+                return self._blockwise(q, keys, values)
         return self._sdpa(q, keys, values)
 
     def attend_cached_causal(self, layer: int, q: torch.Tensor) -> torch.Tensor:
@@ -126,8 +176,7 @@ class AttentionContext:
         to the last key (lower right), which flash also runs, and which is
         exact for right-padded rows for the same reason."""
         t = self.prefix_len + q.shape[2]
-        keys = self.kv.k_gpu[layer][self.slots_gpu, :, :t]  # [B, KVH, P + T, D], a copy
-        values = self.kv.v_gpu[layer][self.slots_gpu, :, :t]
+        keys, values = self.kv.gather(layer, self.slots_gpu, t)  # [B, KVH, P + T, D]
         causal = {"is_causal": True} if not self.prefix_len else {"attn_mask": causal_lower_right(q.shape[2], t)}
         # query head h reads KV head h // rep (repeat_kv's order) inside the kernel: no repeated
         # copy of the keys and values (BENCHMARKS.md, prefill)
@@ -141,12 +190,12 @@ class AttentionContext:
         mask = self._mask().expand(b, 1, t, -1).repeat(1, 1, rep, 1)  # row r*T + i <- mask row i
         return q.reshape(b, kvh, rep * t, d), mask
 
-    def _blockwise(self, q: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor) -> torch.Tensor:
+    def _blockwise(self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
         """Attention over fixed-size key blocks with an exact running softmax.
 
-        q [B, H, 1, D]; kc/vc one layer's cache [slots, KVH, max_seq_len, D].
-        Each block is gathered from the cache on its own, so its matmul sees
-        the same contiguous [B, KVH, block, D] operand whatever kv_len is.
+        q [B, H, 1, D]; keys/values [B, KVH, kv_len, D] (gathered from the cache).
+        Each block is made contiguous on its own, so its matmul sees the same
+        [B, KVH, block, D] operand whatever kv_len is.
 
         Every block is one fixed-shape matmul, and a block whose keys are all
         masked changes nothing, bit for bit: its max is -inf, so the running
@@ -157,21 +206,21 @@ class AttentionContext:
         Needs one valid key per row in the first block (position 0 always is).
         """
         b, h, t, d = q.shape
-        qf, mask = self._fold_gqa(q, kc.shape[1])
+        qf, mask = self._fold_gqa(q, keys.shape[1])
         scale = d ** -0.5
         m = torch.full((*qf.shape[:3], 1), float("-inf"), device=q.device)
         l = torch.zeros_like(m)
         acc = torch.zeros(qf.shape, dtype=torch.float32, device=q.device)
         for start in range(0, self.kv_len, DET_KEY_BLOCK):
             blk = slice(start, min(start + DET_KEY_BLOCK, self.kv_len))
-            keys, values = kc[:, :, blk][self.slots_gpu], vc[:, :, blk][self.slots_gpu]
-            s = (qf @ keys.transpose(-1, -2)).float() * scale
+            kb, vb = keys[:, :, blk].contiguous(), values[:, :, blk].contiguous()
+            s = (qf @ kb.transpose(-1, -2)).float() * scale
             s = s.masked_fill(~mask[..., blk], float("-inf"))
             m_new = torch.maximum(m, s.amax(dim=-1, keepdim=True))
             alpha = torch.exp(m - m_new)
             p = torch.exp(s - m_new)
             l = l * alpha + p.sum(dim=-1, keepdim=True)
-            acc = acc * alpha + (p.to(values.dtype) @ values).float()
+            acc = acc * alpha + (p.to(vb.dtype) @ vb).float()
             m = m_new
         return (acc / l).to(q.dtype).reshape(b, h, t, d)
 

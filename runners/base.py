@@ -118,6 +118,12 @@ class ModelRunner:
         self.async_query_hit = 0
         self.async_query_miss = 0
 
+    @property
+    def kv_blocks(self):
+        """The paged cache's block pool (runners/kv_blocks.py): the scheduler admits rows through it;
+        None where the engine keeps one block a slot."""
+        return self.engine.blocks
+
     # the sampler's state, as model families read it (e.g. Higgs' min_new_frames table)
     @property
     def slot_gpu(self) -> dict[str, torch.Tensor]:

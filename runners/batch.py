@@ -22,6 +22,10 @@ class ForwardBatch:
     # their codes), what prefix sharing and prefill graphs compare; [] if not given
     prompts_cpu: list[list[int]] = field(default_factory=list)
     slots_cpu: list[int] = field(default_factory=list)  # each row's slot, as slots_gpu; [] if not given
+    # prefill with a block pool: each row's first positions taken from cached blocks (its prompt runs
+    # from there) and its block table (runners/kv_blocks.py); [] if not given
+    cached_cpu: list[int] = field(default_factory=list)
+    tables_cpu: list[list[int]] = field(default_factory=list)
 
     @property
     def batch_size(self) -> int:
@@ -34,4 +38,19 @@ class ForwardBatch:
             lengths_cpu=self.lengths_cpu[start:stop], steps_cpu=self.steps_cpu[start:stop],
             steps_gpu=self.steps_gpu[start:stop], positions_gpu=self.positions_gpu[start:stop],
             model_inputs={k: v[start:stop] for k, v in self.model_inputs.items()},
-            prompts_cpu=self.prompts_cpu[start:stop], slots_cpu=self.slots_cpu[start:stop])
+            prompts_cpu=self.prompts_cpu[start:stop], slots_cpu=self.slots_cpu[start:stop],
+            cached_cpu=self.cached_cpu[start:stop], tables_cpu=self.tables_cpu[start:stop])
+
+    def select(self, rows: list[int]) -> "ForwardBatch":
+        """A prefill's rows (indices, in this order) as a batch of their own, cut to their longest prompt
+        (copies of the device tensors)."""
+        t = max(self.lengths_cpu[i] for i in rows)
+        idx = torch.tensor(rows, device=self.slots_gpu.device)
+        pick = lambda xs: [xs[i] for i in rows] if xs else []  # noqa: E731
+        return ForwardBatch(
+            is_prefill=self.is_prefill, rids=pick(self.rids), slots_gpu=self.slots_gpu[idx],
+            lengths_cpu=pick(self.lengths_cpu), steps_cpu=pick(self.steps_cpu), steps_gpu=self.steps_gpu[idx],
+            positions_gpu=self.positions_gpu[idx, :t],
+            model_inputs={k: v[idx, :t] for k, v in self.model_inputs.items()},
+            prompts_cpu=pick(self.prompts_cpu), slots_cpu=pick(self.slots_cpu), cached_cpu=pick(self.cached_cpu),
+            tables_cpu=pick(self.tables_cpu))

@@ -1,9 +1,12 @@
-"""The memory budget: how many requests' KV caches fit beside everything else a run keeps.
+"""The memory budget: how many KV blocks fit beside everything else a run keeps.
 
 Generic over model families: a family gives its KV shape, its model (to measure
 the widest prefill's activations) and its codec's per-call bytes
-(runners/family.py: ``Budget``); this decides the number of KV slots and
-builds the cache and the engine.
+(runners/family.py: ``Budget``); this decides the number of KV blocks (at most
+what max_batch_size rows of max_seq_len positions take) and builds the paged
+cache, its block pool and the engine. Rows are admitted as their own positions
+(prompt and max_new_frames) fit in the pool (omni_cli/scheduler.py), so the
+rows that run at once follow their real lengths, not max_seq_len.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from .batch import ForwardBatch
 from .device import RUNTIME_SLACK_BYTES, free_memory, host_available, kv_slots_within, peak_bytes
 from .engine import DETERMINISTIC_SHAPES, Engine
 from .errors import OmniError
+from .kv_blocks import BLOCK_SIZE, BlockPool
 
 
 def prefill_token_budget(max_seq_len: int) -> int:
@@ -36,27 +40,44 @@ class KVShape:
         return 2 * self.layers * self.kv_heads * max_seq_len * self.head_dim * (torch.finfo(dtype).bits // 8)
 
     def cache(self, slots: int, max_seq_len: int, dtype: torch.dtype, device: torch.device) -> KVCache:
+        """One block a slot (runners/attention.py)."""
         return KVCache(self.layers, slots, self.kv_heads, max_seq_len, self.head_dim, dtype, device)
+
+    def paged(self, rows: int, max_seq_len: int, dtype: torch.dtype, device: torch.device, share: bool = True,
+              blocks: int | None = None) -> tuple[KVCache, BlockPool]:
+        """The paged cache for `rows` rows (and the padding rows' spare slot) and its pool: `blocks`
+        blocks, by default what `rows` rows of max_seq_len take. share=False: no prefix cache."""
+        blocks = blocks if blocks is not None else rows * -(-max_seq_len // BLOCK_SIZE)
+        kv = KVCache.paged(self.layers, rows + 1, self.kv_heads, max_seq_len, self.head_dim, dtype, device,
+                           num_blocks=blocks, block_size=BLOCK_SIZE)
+        return kv, BlockPool(blocks, BLOCK_SIZE, share=share)
 
 
 def build_engine(spec, kv_shape: KVShape, model: torch.nn.Module, codec_call_bytes: int) -> tuple[Engine, int, dict | None]:
-    """The engine over a KV cache of as many slots as fit (plus the padding rows' spare slot),
-    CUDA graphs on where the device has them. Returns (engine, slots, the budget's terms for
-    run.json or None on the CPU). ``spec``: runners/family.py's LoadSpec."""
+    """The engine over a paged KV cache of as many blocks as fit, for max_batch_size rows (plus the
+    padding rows' spare slot), CUDA graphs on where the device has them. Returns (engine, rows,
+    the budget's terms for run.json or None on the CPU). ``spec``: runners/family.py's LoadSpec."""
     slots, budget = kv_slots(spec, kv_shape, model, codec_call_bytes)
-    kv = kv_shape.cache(slots + 1, spec.max_seq_len, spec.dtype, spec.device)
-    engine = Engine(model, kv, spec.device, DETERMINISTIC_SHAPES[spec.device.type] if spec.deterministic else None)
+    blocks = slots * -(-spec.max_seq_len // BLOCK_SIZE)  # the memory of that many rows at max_seq_len, as blocks
+    # deterministic mode shares no prefix: a row's prompt is computed whole, at its own fixed shapes
+    kv, pool = kv_shape.paged(spec.max_batch_size, spec.max_seq_len, spec.dtype, spec.device,
+                              share=not spec.deterministic, blocks=blocks)
+    engine = Engine(model, kv, spec.device, DETERMINISTIC_SHAPES[spec.device.type] if spec.deterministic else None,
+                    blocks=pool)
     if spec.device.type == "cuda":
         engine.use_graphs()  # the CPU path stays eager
-    return engine, slots, budget
+    if budget is not None:
+        budget = {**budget, "kv_mib": round(2 * kv.k_gpu.nbytes / 2**20, 1), "kv_blocks": blocks,
+                  "kv_block_size": BLOCK_SIZE}
+    return engine, spec.max_batch_size, budget
 
 
 def kv_slots(spec, kv_shape: KVShape, model: torch.nn.Module, codec_call_bytes: int) -> tuple[int, dict | None]:
-    """Requests that may run at once: max_batch_size, or fewer where the KV cache of that
-    many would not fit in the memory left once weights and codec are loaded and room is kept
+    """Rows of max_seq_len positions whose KV fits: max_batch_size, or fewer where that many
+    would not fit in the memory left once weights and codec are loaded and room is kept
     for the rest of the run: the widest prefill's activations (measured here), the codec's
     calls beside the loop (``codec_call_bytes``), RUNTIME_SLACK_BYTES. None for the terms
-    where there is no budget (the CPU)."""
+    where there is no budget (the CPU). The cache holds that memory as blocks."""
     per_slot = kv_shape.slot_bytes(spec.max_seq_len, spec.dtype)
     if free_memory(spec.device) is None:
         return host_slots(spec, per_slot), None

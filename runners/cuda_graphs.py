@@ -67,7 +67,7 @@ class DecodeGraphs:
 
     def _build(self, rows: int, k: int, deterministic: bool, inputs_like: dict[str, torch.Tensor], post):
         """Static buffers and the padded forward; captured as a graph (with this `post`) when capturing."""
-        pad_slot = self.kv.k_gpu.shape[1] - 1
+        pad_slot = self.kv.spare_slot
         st = {
             "slots": torch.full((rows,), pad_slot, dtype=torch.int64, device=self.device),
             "positions": torch.zeros(rows, 1, dtype=torch.int64, device=self.device),
@@ -116,7 +116,7 @@ class DecodeGraphs:
         st, inputs, runner, out = self._entries[key]
         # padding rows [n, rows) are reset (a wider step may have left a real row there); at
         # n == rows, batch 1 always, that is no kernel at all (four fewer a step)
-        st["slots"][n:] = self.kv.k_gpu.shape[1] - 1
+        st["slots"][n:] = self.kv.spare_slot
         st["slots"][:n] = fb.slots_gpu
         st["positions"][n:] = 0
         st["positions"][:n] = fb.positions_gpu
@@ -180,7 +180,7 @@ class PrefillGraphs:
             hidden = self.model(attn, input_ids=st["ids"], **extra)  # [rows, T, H]
             return self.model.compute_logits(hidden[torch.arange(rows, device=self.device), st["last"]])
 
-        st["slots"].fill_(self.kv.k_gpu.shape[1] - 1)  # warm-up and capture write the spare slot only
+        st["slots"].fill_(self.kv.spare_slot)  # warm-up and capture write the spare slot only
         graph, logits = warm_and_capture(forward, self.device, self.pool)
         return st, graph, logits
 
@@ -198,7 +198,7 @@ class PrefillGraphs:
         st, graph, logits = self._entries[(rows, t)]
         st["ids"].zero_()
         st["ids"][:n, :longest] = fb.model_inputs["input_ids"]
-        st["slots"][n:] = self.kv.k_gpu.shape[1] - 1
+        st["slots"][n:] = self.kv.spare_slot
         st["slots"][:n] = fb.slots_gpu
         last = torch.tensor([x - 1 for x in fb.lengths_cpu] + [0] * (rows - n), dtype=torch.int64)
         st["last"].copy_(last, non_blocking=True)

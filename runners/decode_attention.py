@@ -1,11 +1,13 @@
-"""Decode attention as Triton kernels that read the slot KV cache in place (CUDA only).
+"""Decode attention as Triton kernels that read the block KV cache in place (CUDA only).
 
-The PyTorch path gathers each row's keys out of the slot cache (a copy of
+The PyTorch path gathers each row's keys out of the cache (a copy of
 B x KVH x K x D per layer, K the batch's key bucket) and then runs SDPA over
-it with a mask. This kernel instead reads [slot, kv head, 0:length] straight
-from the cache, stops at the row's own length, and never touches another
-row's keys: one program per (row, KV head), the `rep` query heads that share
-that KV head as the rows of one tile.
+it with a mask. This kernel instead reads positions 0:length of [kv head]
+through the row's block table (runners/attention.py: KVCache) straight from
+the cache, stops at the row's own length, and never touches another row's
+keys: one program per (row, KV head), the `rep` query heads that share that
+KV head as the rows of one tile. Rows whose prompts share cached blocks read
+the same blocks (from L2 when the step's rows read them close together).
 
 A program's arithmetic depends only on its row's query, keys and length and
 on the key block (the online softmax rescales at block ends), in a fixed
@@ -39,7 +41,7 @@ import triton
 import triton.language as tl
 
 from .device import pdl_launch
-from .fused_ops import _wait_predecessor
+from .fused_ops import _wait_predecessor, kv_offset
 
 BLOCK_N = 64  # keys per loop iteration (the multi-row kernel: _tile)
 INVARIANT_TILE = (BLOCK_N, 4)  # (keys a loop step, warps) of deterministic mode at every row count
@@ -89,11 +91,11 @@ def _values(p, alpha, v, acc, USE_DOT: tl.constexpr, PRECISION: tl.constexpr):
 
 @triton.jit
 def _decode_attention_kernel(
-    q_ptr, k_ptr, v_ptr, out_ptr, slots_ptr, lengths_ptr,
-    stride_qb, stride_qh, stride_ob, stride_oh, stride_cs, stride_ch, stride_ct,
+    q_ptr, k_ptr, v_ptr, out_ptr, slots_ptr, lengths_ptr, table_ptr,
+    stride_qb, stride_qh, stride_ob, stride_oh, stride_tb, stride_cs, stride_ch, stride_ct,
     scale,
     REP: tl.constexpr, REP_PAD: tl.constexpr, D: tl.constexpr, BLOCK: tl.constexpr, USE_DOT: tl.constexpr,
-    PRECISION: tl.constexpr,
+    PRECISION: tl.constexpr, BS: tl.constexpr,
     PDL: tl.constexpr,
 ):
     # rows > 1 in the default mode (one row: _one_row_kernel below), any rows in deterministic mode.
@@ -109,14 +111,15 @@ def _decode_attention_kernel(
     head_ok = r < REP  # tl.dot needs >= 16 rows: the query heads are padded with zero rows
     heads = kvh * REP + r
     q = tl.load(q_ptr + row * stride_qb + heads[:, None] * stride_qh + d[None, :], mask=head_ok[:, None], other=0.0)
-    base = slot * stride_cs + kvh * stride_ch
+    head = kvh.to(tl.int64) * stride_ch
     m = tl.full([REP_PAD], float("-inf"), tl.float32)
     l = tl.zeros([REP_PAD], tl.float32)
     acc = tl.zeros([REP_PAD, D], tl.float32)
     for start in range(0, length, BLOCK):
         n = start + tl.arange(0, BLOCK)
         key_ok = n < length
-        offs = base + n[:, None] * stride_ct + d[None, :]
+        at = kv_offset(table_ptr, stride_tb, slot, n, stride_cs, stride_ct, BS, key_ok)  # [BLOCK]
+        offs = head + at[:, None] + d[None, :]
         k = tl.load(k_ptr + offs, mask=key_ok[:, None], other=0.0)  # [BLOCK, D]
         m, l, p, alpha = _scores(q, k, key_ok, m, l, scale, USE_DOT, PRECISION)
         v = tl.load(v_ptr + offs, mask=key_ok[:, None], other=0.0)
@@ -128,11 +131,11 @@ def _decode_attention_kernel(
 
 @triton.jit
 def _one_row_kernel(
-    q_ptr, k_ptr, v_ptr, out_ptr, slots_ptr, lengths_ptr, m_part_ptr, l_part_ptr, acc_part_ptr, count_ptr,
-    stride_qh, stride_oh, stride_cs, stride_ch, stride_ct,
+    q_ptr, k_ptr, v_ptr, out_ptr, slots_ptr, lengths_ptr, table_ptr, m_part_ptr, l_part_ptr, acc_part_ptr,
+    count_ptr, stride_qh, stride_oh, stride_tb, stride_cs, stride_ch, stride_ct,
     scale,
     REP: tl.constexpr, REP_PAD: tl.constexpr, D: tl.constexpr, BLOCK: tl.constexpr, USE_DOT: tl.constexpr,
-    PRECISION: tl.constexpr,
+    PRECISION: tl.constexpr, BS: tl.constexpr,
     SPLITS: tl.constexpr, SPLIT_FROM: tl.constexpr, PDL: tl.constexpr,
 ):
     # One row: program (kv head, split) takes `per` blocks of the row's keys; the last of a head's
@@ -142,7 +145,8 @@ def _one_row_kernel(
     split = tl.program_id(1)
     # Ahead of the wait for the kernel before (launched early: runners/device.py, pdl_launch), what
     # no kernel of this step writes: the step's slot and length (copied in before its first
-    # kernel) and this program's first block of keys and values of earlier steps. Hazard: position
+    # kernel; block tables change only between steps) and this program's first block of keys and
+    # values of earlier steps. Hazard: position
     # length - 1 is this step's, written by the kernel before, so it is read after the wait.
     slot = tl.load(slots_ptr).to(tl.int64)
     length = tl.load(lengths_ptr)
@@ -155,9 +159,10 @@ def _one_row_kernel(
     if first < length:
         d = tl.arange(0, D)
         n = first + tl.arange(0, BLOCK)
-        k_base = k_ptr + slot * stride_cs + kvh * stride_ch
-        v_base = v_ptr + slot * stride_cs + kvh * stride_ch
-        offs = n[:, None] * stride_ct + d[None, :]  # [BLOCK, D]
+        k_base = k_ptr + kvh.to(tl.int64) * stride_ch
+        v_base = v_ptr + kvh.to(tl.int64) * stride_ch
+        at = kv_offset(table_ptr, stride_tb, slot, n, stride_cs, stride_ct, BS, n < length)
+        offs = at[:, None] + d[None, :]  # [BLOCK, D]
         old = (n < length - 1)[:, None]
         k = tl.load(k_base + offs, mask=old, other=0.0)
         v = tl.load(v_base + offs, mask=old, other=0.0)
@@ -175,7 +180,7 @@ def _one_row_kernel(
         for start in range(first + BLOCK, tl.minimum(length, first + per * BLOCK), BLOCK):
             nb = start + tl.arange(0, BLOCK)
             key_ok = nb < length
-            offs = nb[:, None] * stride_ct + d[None, :]
+            offs = kv_offset(table_ptr, stride_tb, slot, nb, stride_cs, stride_ct, BS, key_ok)[:, None] + d[None, :]
             k = tl.load(k_base + offs, mask=key_ok[:, None], other=0.0)  # [BLOCK, D]
             m, l, p, alpha = _scores(q, k, key_ok, m, l, scale, USE_DOT, PRECISION)
             v = tl.load(v_base + offs, mask=key_ok[:, None], other=0.0)
@@ -230,10 +235,11 @@ def _workspace(device: torch.device, kvh: int, rep_pad: int, d: int) -> tuple[to
     return _WORKSPACES[key]
 
 
-def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slots: torch.Tensor,
-                     lengths: torch.Tensor, invariant: bool = False) -> torch.Tensor:
-    """q [B, H, 1, D]; k/v_cache one layer [S, KVH, L, D] (contiguous); slots [B]; lengths [B]
-    (keys per row, >= 1, positions 0..length-1 already written) -> [B, H, 1, D]. D a power of two.
+def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, table: torch.Tensor,
+                     slots: torch.Tensor, lengths: torch.Tensor, invariant: bool = False) -> torch.Tensor:
+    """q [B, H, 1, D]; k/v_cache one layer's blocks [N, KVH, BS, D] (contiguous); table [S, width]
+    int32, each slot's blocks (runners/attention.py: KVCache); slots [B]; lengths [B] (keys per row,
+    >= 1, positions 0..length-1 already written) -> [B, H, 1, D]. D a power of two.
     invariant: a row's bits whatever B (deterministic mode): the multi-row kernel at every B,
     with INVARIANT_TILE, never the row bucket's tile nor the one-row kernel's split keys."""
     b, h, _, d = q.shape
@@ -245,17 +251,17 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     block, warps = INVARIANT_TILE if invariant else (BLOCK_N, 4) if b == 1 else _tile(b * kvh, q.device)
     # float32 (parity runs) multiplies in full precision, not TF32
     shape = dict(REP=rep, REP_PAD=rep_pad, D=d, BLOCK=block, USE_DOT=d >= 16,
-                 PRECISION="ieee" if q.dtype == torch.float32 else "tf32")
-    strides = (k_cache.stride(0), k_cache.stride(1), k_cache.stride(2))
+                 PRECISION="ieee" if q.dtype == torch.float32 else "tf32", BS=k_cache.shape[2])
+    strides = (table.stride(0), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2))
     if b == 1 and not invariant:
         early = pdl_launch(q.device, b)
         _one_row_kernel[(kvh, ONE_ROW_SPLITS)](
-            q, k_cache, v_cache, out, slots, lengths, *_workspace(q.device, kvh, rep_pad, d), q.stride(1),
+            q, k_cache, v_cache, out, slots, lengths, table, *_workspace(q.device, kvh, rep_pad, d), q.stride(1),
             out.stride(1), *strides, d ** -0.5, **shape, SPLITS=ONE_ROW_SPLITS, SPLIT_FROM=SPLIT_FROM_BLOCKS,
             PDL=bool(early), **early)
     else:
         early = pdl_launch(q.device, b) if invariant else {}
-        _decode_attention_kernel[(b, kvh)](q, k_cache, v_cache, out, slots, lengths, q.stride(0), q.stride(1),
+        _decode_attention_kernel[(b, kvh)](q, k_cache, v_cache, out, slots, lengths, table, q.stride(0), q.stride(1),
                                            out.stride(0), out.stride(1), *strides, d ** -0.5, **shape,
                                            PDL=bool(early), num_warps=warps, **early)
     return out

@@ -36,16 +36,14 @@ of rows, with attention over fixed key blocks whose masked tail is an exact
 no-op, so the key-length bucket may follow the batch. Padding rows use a
 spare KV slot that no request owns.
 
-Shared prompt prefix (default mode): a prompt file's rows usually open with
-the same tokens (the system turn, a scene, a reference voice), so an eager
-prefill whose prompts all start with the same P tokens runs those P tokens
-once, as a one-row prefill into the first row's slot, copies their keys and
-values into the other rows' slots, and then runs only each row's own tokens
-from position P on. Every key a query sees is the one the unshared prefill
-would have written, up to the rounding of a different batch shape. The
-engine keeps that prefix for later prefills (the next chunk of a wide
-admission, rows admitted as others finish): while no prefill rewrites its
-slot, a prompt that opens with it copies its keys instead of recomputing them.
+Shared prompt prefixes (runners/kv_blocks.py): with a block pool, a row admitted
+with the first P positions of its prompt already in cached blocks (its block
+table points at them) runs only positions P.. of its prompt. Rows of one
+prefill may depend on each other: a row that reuses blocks another row of the
+same prefill computes runs after that row (its phase), and rows of one phase
+and one P run as one forward. Every key a query sees is the one the row's own
+whole prefill would have written, up to the rounding of a different batch
+shape; deterministic mode shares nothing (its pool hands out fresh blocks only).
 """
 
 from __future__ import annotations
@@ -57,30 +55,11 @@ import torch
 
 from .attention import AttentionContext, KVCache
 from .batch import ForwardBatch
+from .kv_blocks import BlockPool
 from .cuda_graphs import DecodeGraphs, PrefillGraphs
 from .device import use_engine_blas
 
-__all__ = ["DETERMINISTIC_SHAPES", "Engine", "FixedShapes", "ForwardBatch", "shared_prefix"]
-
-
-# A prefill shares its prompts' common prefix when that skips at least this many
-# token-forwards: (rows - 1) x prefix tokens. The prefix's own one-row forward
-# reads every weight once, about what a few hundred tokens of a wide prefill
-# cost (BENCHMARKS.md, shared prefix).
-PREFIX_MIN_SAVED_TOKENS = 512
-
-
-def _common(a: list[int], b: list[int]) -> int:
-    """Tokens a and b start with."""
-    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
-
-
-def shared_prefix(prompts: list[list[int]]) -> int:
-    """Tokens every prompt starts with, leaving each prompt at least one token of its own
-    (the row's logits come from its last token, which must be in the row's own forward)."""
-    # the lexicographic min and max of the lists share exactly what all of them share (C speed)
-    lo, hi = min(prompts), max(prompts)
-    return max(min(_common(lo, hi), min(len(p) for p in prompts) - 1), 0)
+__all__ = ["DETERMINISTIC_SHAPES", "Engine", "FixedShapes", "ForwardBatch"]
 
 
 @dataclass(frozen=True)
@@ -103,9 +82,12 @@ DETERMINISTIC_SHAPES = {"cuda": FixedShapes(decode_rows=None, prefill_rows=32, p
 
 class Engine:
     def __init__(self, model: torch.nn.Module, kv: KVCache, device: torch.device,
-                 fixed_shapes: FixedShapes | None = None):
+                 fixed_shapes: FixedShapes | None = None, blocks: BlockPool | None = None):
         self.model = model
-        self.kv = kv  # deterministic mode: one slot more than requests can own (the padding rows' slot)
+        self.kv = kv  # one slot more than requests can own (the padding rows' slot)
+        # the paged cache's host side (the scheduler admits through it; None: one block a slot, and
+        # whoever builds the batches places the rows)
+        self.blocks = blocks
         self.device = device
         use_engine_blas(device)  # process-wide (runners/device.py)
         self.fixed_shapes = fixed_shapes  # None: default mode (shapes follow the batch)
@@ -115,10 +97,6 @@ class Engine:
         self.prefill_graphs = None  # small prefills replay graphs too (default mode, with use_graphs())
         if fixed_shapes is not None:
             self.use_graphs(capture=False)
-        # The last shared prefix run (default mode): (its token ids, the slot whose KV holds
-        # them at positions 0..len-1). That slot's row wrote them in its prefill and writes
-        # only later positions after it; a prefill into the slot (a new request there) ends this.
-        self._kept: tuple[list[int], int] | None = None
 
     def use_graphs(self, capture: bool = True) -> None:
         """Decode through DecodeGraphs (CUDA graphs when capture; the same padding eagerly otherwise)."""
@@ -150,7 +128,16 @@ class Engine:
             if any(r.prompt.audio for r in reqs):
                 model_inputs["prompt_codes"] = self._tensor(_prompt_codes([r.prompt for r in reqs], t))
             prompts = [r.prompt.content for r in reqs]  # compared by content: audio codes included
+            cached, tables = [], []
+            if self.blocks is not None:  # each row's blocks (some cached: its prompt runs from there)
+                if any(r.blocks is None for r in reqs):
+                    raise RuntimeError("a request without KV blocks: admit it through the runner's block pool "
+                                       "(omni_cli/scheduler.py: Scheduler.for_runner)")
+                tables = [r.blocks.table for r in reqs]
+                cached = [r.blocks.cached for r in reqs]
+                self.kv.assign(slots, tables)
         else:
+            cached, tables = [], []
             # frame s-1 is fed at position prompt_len + s - 1 to sample frame s
             pos = [len(r.prompt) + s - 1 for r, s in zip(reqs, scheduler_output.steps)]
             lens = [p + 1 for p in pos]
@@ -168,6 +155,8 @@ class Engine:
             model_inputs=model_inputs,
             prompts_cpu=prompts,
             slots_cpu=slots,
+            cached_cpu=cached,
+            tables_cpu=tables,
         )
 
     def _batch_attention(self, fb: ForwardBatch, prefix: int = 0) -> AttentionContext:
@@ -189,35 +178,6 @@ class Engine:
                                 positions_gpu=fb.positions_gpu[:, prefix:], mask_gpu=None, kv_len=k, mask_fn=mask,
                                 prefix_len=prefix)
 
-    def _share_prefix(self, fb: ForwardBatch) -> int:
-        """For an eager default-mode prefill whose prompts share a prefix: that prefix's KV
-        written into every row's slot, and its length returned (0: nothing shared, nothing
-        run). Either the kept prefix's KV, copied (as much of it as the prompts share), or,
-        where running this batch's own common prefix saves PREFIX_MIN_SAVED_TOKENS more
-        token-forwards than that, a one-row forward of it into the first row's slot (a graph
-        replay where one fits) and a copy into the others; that prefix is then the kept one."""
-        n = fb.batch_size
-        if len(fb.prompts_cpu) != n:
-            return 0
-        p = shared_prefix(fb.prompts_cpu)
-        ids = fb.prompts_cpu[0][:p]
-        kept = _common(self._kept[0], ids) if self._kept else 0  # (none kept where slots_cpu is not given)
-        if p and (n - 1) * p - PREFIX_MIN_SAVED_TOKENS >= n * kept:
-            one = fb.rows(0, 1)
-            one.lengths_cpu, one.positions_gpu, one.prompts_cpu = [p], one.positions_gpu[:, :p], [ids]
-            one.model_inputs = {k: v[:, :p] for k, v in one.model_inputs.items()}
-            self.forward(one)  # for its KV writes (a prefill like any other: a graph where one fits)
-            self._kept = (ids, fb.slots_cpu[0]) if len(fb.slots_cpu) == n else None
-            source, targets = fb.slots_gpu[:1], fb.slots_gpu[1:]
-        elif kept:
-            p = kept
-            source, targets = self._tensor([self._kept[1]]), fb.slots_gpu
-        else:
-            return 0
-        for cache in (self.kv.k_gpu, self.kv.v_gpu):  # [layers, slots, KVH, max_seq_len, D]
-            cache[:, targets, :, :p] = cache[:, :, :, :p].index_select(1, source)
-        return p
-
     def captures_graphs(self) -> bool:
         """Decode steps replay CUDA graphs (a ``post`` given to forward runs inside them)."""
         return self.graphs is not None and self.graphs.capture
@@ -234,27 +194,52 @@ class Engine:
             if post is None:
                 return torch.cat(outs)
             return {k: torch.cat([o[k] for o in outs]) for k in outs[0]}
-        if fb.is_prefill and self._kept and (len(fb.slots_cpu) != fb.batch_size or self._kept[1] in fb.slots_cpu):
-            self._kept = None  # this prefill rewrites (or may rewrite) the kept prefix's slot
         if self.deterministic:  # prefill; decode went through self.graphs above
             return self._prefill_fixed(fb)
-        if self.prefill_graphs is not None:
-            logits = self.prefill_graphs.run(fb)
-            if logits is not None:
-                return logits if post is None else post(fb, logits)
-        prefix = self._share_prefix(fb) if fb.is_prefill else 0
-        hidden = self.model(self._batch_attention(fb, prefix),
-                            **{k: v[:, prefix:] for k, v in fb.model_inputs.items()})  # [B, T - prefix, H]
+        if fb.is_prefill and any(fb.cached_cpu):
+            logits = torch.empty(0)
+            for rows, start in self._prefill_parts(fb):
+                out = self._prefill(fb.select(rows), start)
+                if not logits.numel():
+                    logits = out.new_empty((fb.batch_size, *out.shape[1:]))
+                logits[torch.tensor(rows, device=out.device)] = out
+            return logits if post is None else post(fb, logits)
         if fb.is_prefill:
-            last = self._tensor([n - 1 - prefix for n in fb.lengths_cpu])
-            hidden = hidden[torch.arange(fb.batch_size, device=hidden.device), last]
-        else:
-            hidden = hidden[:, 0]
+            return self._prefill(fb, 0, post)
+        hidden = self.model(self._batch_attention(fb), **fb.model_inputs)[:, 0]  # [B, H]
         logits = self.model.compute_logits(hidden)
         return logits if post is None else post(fb, logits)
 
+    def _prefill(self, fb: ForwardBatch, start: int, post=None) -> torch.Tensor:
+        """Logits of each row's last prompt position, running positions start.. of every row (the
+        ones before in the cache already): a graph replay where one fits, else eagerly."""
+        if not start and self.prefill_graphs is not None:
+            logits = self.prefill_graphs.run(fb)
+            if logits is not None:
+                return logits if post is None else post(fb, logits)
+        hidden = self.model(self._batch_attention(fb, start),
+                            **{k: v[:, start:] for k, v in fb.model_inputs.items()})  # [B, T - start, H]
+        last = self._tensor([n - 1 - start for n in fb.lengths_cpu])
+        logits = self.model.compute_logits(hidden[torch.arange(fb.batch_size, device=hidden.device), last])
+        return logits if post is None else post(fb, logits)
+
+    def _prefill_parts(self, fb: ForwardBatch) -> list[tuple[list[int], int]]:
+        """A prefill whose rows reuse cached blocks, as forwards in the order they must run: (rows,
+        their first uncached position). A row whose cached blocks another row of this prefill writes
+        (both admitted together: the first computes a voice, the rest reuse it) runs a phase after
+        that row; rows of one phase and one start run together."""
+        bs = self.kv.block_size
+        writer: dict[int, int] = {}  # block -> the phase of the row of this prefill that writes it
+        parts: dict[tuple[int, int], list[int]] = {}
+        for i, (table, start, n) in enumerate(zip(fb.tables_cpu, fb.cached_cpu, fb.lengths_cpu)):
+            phase = max((writer[b] + 1 for b in table[: start // bs] if b in writer), default=0)
+            for b in table[start // bs: -(-n // bs)]:
+                writer[b] = phase
+            parts.setdefault((phase, start), []).append(i)
+        return [(rows, start) for (_, start), rows in sorted(parts.items())]
+
     def _pad_slot(self) -> int:
-        return self.kv.k_gpu.shape[1] - 1  # the spare slot no request owns
+        return self.kv.spare_slot
 
     def _prefill_fixed(self, fb: ForwardBatch) -> torch.Tensor:
         """Prompts grouped by length bucket, in chunks of exactly `prefill_rows` rows of bucket length."""

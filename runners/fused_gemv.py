@@ -131,8 +131,8 @@ def _gemv_kernel(x_ptr, w_ptr, g_ptr, res_ptr, y_ptr, n, k, eps,
 
 @triton.jit
 def _qkv_rope_kernel(x_ptr, w_ptr, g_ptr, cos_ptr, sin_ptr, pos_ptr, slot_ptr, q_ptr, k_cache_ptr, v_cache_ptr,
-                     k, eps, stride_cs, stride_ch, stride_ct,
-                     H: tl.constexpr, KVH: tl.constexpr, D: tl.constexpr,
+                     table_ptr, k, eps, stride_tb, stride_cs, stride_ch, stride_ct,
+                     H: tl.constexpr, KVH: tl.constexpr, D: tl.constexpr, BS: tl.constexpr,
                      BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PRE_K: tl.constexpr, K_POW2: tl.constexpr,
                      PDL: tl.constexpr):
     # one row. Program p: head p // (D / 2 / BLOCK_N) of the H + 2 KVH (queries, keys, values),
@@ -148,7 +148,8 @@ def _qkv_rope_kernel(x_ptr, w_ptr, g_ptr, cos_ptr, sin_ptr, pos_ptr, slot_ptr, q
     dt = x_ptr.dtype.element_ty
     x1, x2 = a1.to(dt), a2.to(dt)  # F.linear's rounding, then rope_kv_write's arithmetic
     _rope_store(x1, x2, half, head, tl.load(pos_ptr), tl.load(slot_ptr).to(tl.int64), cos_ptr, sin_ptr,
-                q_ptr + head * D, k_cache_ptr, v_cache_ptr, stride_cs, stride_ch, stride_ct, H, KVH, D)
+                q_ptr + head * D, k_cache_ptr, v_cache_ptr, table_ptr, stride_tb, stride_cs, stride_ch, stride_ct,
+                H, KVH, D, BS)
 
 
 def _tile(tile, k: int) -> tuple[int, int, int, int]:
@@ -183,12 +184,13 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, *, norm: tuple[torch.Tensor, flo
 
 def qkv_rope(x: torch.Tensor, weight: torch.Tensor, norm: tuple[torch.Tensor, float], cos_table: torch.Tensor,
              sin_table: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor, k_cache: torch.Tensor,
-             v_cache: torch.Tensor, n_heads: int, n_kv: int, tile: tuple[int, int, int] | None = None
-             ) -> torch.Tensor:
+             v_cache: torch.Tensor, table: torch.Tensor, n_heads: int, n_kv: int,
+             tile: tuple[int, int, int] | None = None) -> torch.Tensor:
     """One row's attention input in one kernel: the fused QKV projection of rmsnorm(x) * g, then
     rope_kv_write (runners/fused_ops.py). x [1, hidden]; weight [(H + 2 KVH) * D, hidden];
-    cos/sin tables [max_seq_len, D] float32; positions, slots [1]; k/v_cache one layer
-    [S, KVH, L, D]. Writes k (rotated) and v at [slot, :, position]; returns rotated q [1, H, 1, D]."""
+    cos/sin tables [max_seq_len, D] float32; positions, slots [1]; k/v_cache one layer's blocks and
+    table as rope_kv_write's. Writes k (rotated) and v at the row's position; returns rotated q
+    [1, H, 1, D]."""
     assert x.shape[0] == 1, "one row: wider batches take cuBLAS"
     d, k = cos_table.shape[1], x.shape[1]
     block_n, block_k, warps, pre_k = _tile(tile or PAIRED_TILE, k)
@@ -196,8 +198,9 @@ def qkv_rope(x: torch.Tensor, weight: torch.Tensor, norm: tuple[torch.Tensor, fl
     q = torch.empty((1, 1, n_heads, d), dtype=x.dtype, device=x.device)
     early = pdl_launch(x.device, 1)
     _qkv_rope_kernel[((n_heads + 2 * n_kv) * (d // 2 // block_n),)](
-        x.contiguous(), weight, norm[0], cos_table, sin_table, positions, slots, q, k_cache, v_cache,
-        k, norm[1], k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), H=n_heads, KVH=n_kv, D=d,
+        x.contiguous(), weight, norm[0], cos_table, sin_table, positions, slots, q, k_cache, v_cache, table,
+        k, norm[1], table.stride(0), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), H=n_heads, KVH=n_kv,
+        D=d, BS=k_cache.shape[2],
         BLOCK_N=block_n, BLOCK_K=block_k, PRE_K=pre_k, K_POW2=triton.next_power_of_2(k), PDL=bool(early),
         num_warps=warps, **early)
     return q.transpose(1, 2)

@@ -102,19 +102,29 @@ def rotate(x1, x2, half, pos, cos_ptr, sin_ptr, D: tl.constexpr):
 
 
 @triton.jit
-def _rope_store(x1, x2, half, head, pos, slot, cos_ptr, sin_ptr, q_dst, k_cache_ptr, v_cache_ptr,
-                stride_cs, stride_ch, stride_ct, H: tl.constexpr, KVH: tl.constexpr, D: tl.constexpr):
+def kv_offset(table_ptr, stride_tb, slot, pos, stride_cs, stride_ct, BS: tl.constexpr, ok):
+    # where position(s) pos of the row in `slot` live in one layer's block cache [blocks, KVH, BS, D]
+    # (kv head 0, dim 0): block table[slot, pos // BS], row pos % BS. ok masks the table read (lanes
+    # past a row's length may point past its table)
+    block = tl.load(table_ptr + slot * stride_tb + pos // BS, mask=ok, other=0).to(tl.int64)
+    return block * stride_cs + (pos % BS) * stride_ct
+
+
+@triton.jit
+def _rope_store(x1, x2, half, head, pos, slot, cos_ptr, sin_ptr, q_dst, k_cache_ptr, v_cache_ptr, table_ptr,
+                stride_tb, stride_cs, stride_ch, stride_ct, H: tl.constexpr, KVH: tl.constexpr, D: tl.constexpr,
+                BS: tl.constexpr):
     # heads of a qkv row, their dims `half` (x1) and D/2 + half (x2). head is a scalar (one head a
     # program) or a column [NH, 1] against half [1, D/2] (every head of the row; heads past
     # H + 2 KVH are padding and store nothing). A query head is rotated to q_dst (the caller
     # points it at that head's D values), a key head rotated into the cache at
-    # [slot, kv head, pos], a value head stored as it is. Which one is a store mask, not a
+    # [slot's block, kv head, pos], a value head stored as it is. Which one is a store mask, not a
     # branch, so both forms share this code; a value head's rotation is computed and dropped.
     is_q = head < H
     is_v = (head >= H + KVH) & (head < H + 2 * KVH)
     is_k = (head >= H) & (head < H + KVH)
     kv_head = head - H - KVH * (head >= H + KVH)
-    dst = slot * stride_cs + kv_head.to(tl.int64) * stride_ch + pos * stride_ct
+    dst = kv_offset(table_ptr, stride_tb, slot, pos, stride_cs, stride_ct, BS, True) + kv_head.to(tl.int64) * stride_ch
     tl.store(v_cache_ptr + dst + half, x1, mask=is_v)
     tl.store(v_cache_ptr + dst + D // 2 + half, x2, mask=is_v)
     o1, o2 = rotate(x1, x2, half, pos, cos_ptr, sin_ptr, D)
@@ -138,8 +148,8 @@ def head_norm(x1, x2, w_ptr, half, eps, D: tl.constexpr):
 
 @triton.jit
 def _rope_kv_write_kernel(qkv_ptr, cos_ptr, sin_ptr, pos_ptr, slots_ptr, q_out_ptr, k_cache_ptr, v_cache_ptr,
-                          qw_ptr, kw_ptr, eps, stride_cs, stride_ch, stride_ct,
-                          H: tl.constexpr, KVH: tl.constexpr, D: tl.constexpr, NH: tl.constexpr,
+                          table_ptr, qw_ptr, kw_ptr, eps, stride_tb, stride_cs, stride_ch, stride_ct,
+                          H: tl.constexpr, KVH: tl.constexpr, D: tl.constexpr, NH: tl.constexpr, BS: tl.constexpr,
                           QK_NORM: tl.constexpr, PDL: tl.constexpr):
     # one token (row) a program, all of its heads: [NH, D/2] pairs. A program per (row, head) was
     # 10,240 programs of 64 pairs at 256 rows, and slower (BENCHMARKS.md, the rope a row a program).
@@ -157,26 +167,29 @@ def _rope_kv_write_kernel(qkv_ptr, cos_ptr, sin_ptr, pos_ptr, slots_ptr, q_out_p
         x1 = tl.where(head < H, q1, tl.where(head < H + KVH, k1, x1))
         x2 = tl.where(head < H, q2, tl.where(head < H + KVH, k2, x2))
     _rope_store(x1, x2, half, head, tl.load(pos_ptr + row), tl.load(slots_ptr + row).to(tl.int64), cos_ptr, sin_ptr,
-                q_out_ptr + row * H * D + head * D, k_cache_ptr, v_cache_ptr, stride_cs, stride_ch, stride_ct,
-                H, KVH, D)
+                q_out_ptr + row * H * D + head * D, k_cache_ptr, v_cache_ptr, table_ptr, stride_tb, stride_cs,
+                stride_ch, stride_ct, H, KVH, D, BS)
 
 
 def rope_kv_write(qkv: torch.Tensor, cos_table: torch.Tensor, sin_table: torch.Tensor, positions: torch.Tensor,
-                  slots: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, n_heads: int, n_kv: int,
-                  qk_norm: tuple[torch.Tensor, torch.Tensor, float] | None = None) -> torch.Tensor:
+                  slots: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, table: torch.Tensor,
+                  n_heads: int, n_kv: int, qk_norm: tuple[torch.Tensor, torch.Tensor, float] | None = None
+                  ) -> torch.Tensor:
     """One decode token per row. qkv [B, (H + 2 KVH) * D]; cos/sin tables [max_seq_len, D] float32;
-    positions, slots [B]; k/v_cache one layer [S, KVH, L, D]. Writes k (rotated) and v at
-    [slot, :, position]; returns rotated q [B, H, 1, D]. qk_norm (q weight [D], k weight [D], eps):
-    each q and k head RMS-normed first (Qwen3's q_norm / k_norm)."""
+    positions, slots [B]; k/v_cache one layer's blocks [N, KVH, BS, D]; table [S, width] int32 each
+    slot's blocks (runners/attention.py: KVCache). Writes k (rotated) and v at the row's position;
+    returns rotated q [B, H, 1, D]. qk_norm (q weight [D], k weight [D], eps): each q and k head
+    RMS-normed first (Qwen3's q_norm / k_norm)."""
     b = qkv.shape[0]
     d = cos_table.shape[1]
     q = torch.empty((b, 1, n_heads, d), dtype=qkv.dtype, device=qkv.device)
     qw, kw, eps = qk_norm if qk_norm is not None else (qkv, qkv, 0.0)
     early = pdl_launch(qkv.device, b)
     _rope_kv_write_kernel[(b,)](
-        qkv.contiguous(), cos_table, sin_table, positions, slots, q, k_cache, v_cache, qw, kw, eps,
-        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), H=n_heads, KVH=n_kv, D=d,
-        NH=triton.next_power_of_2(n_heads + 2 * n_kv), QK_NORM=qk_norm is not None, PDL=bool(early), **early)
+        qkv.contiguous(), cos_table, sin_table, positions, slots, q, k_cache, v_cache, table, qw, kw, eps,
+        table.stride(0), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), H=n_heads, KVH=n_kv, D=d,
+        NH=triton.next_power_of_2(n_heads + 2 * n_kv), BS=k_cache.shape[2], QK_NORM=qk_norm is not None,
+        PDL=bool(early), **early)
     return q.transpose(1, 2)
 
 

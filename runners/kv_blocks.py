@@ -1,5 +1,5 @@
 """Paged KV's bookkeeping on the host: fixed-size blocks, each row's block table, and a prefix cache
-keyed on content (issue 45; the device-side cache and attention over block tables come next).
+keyed on content (the device side: runners/attention.py, KVCache's block tables).
 
 A row's KV is a list of block ids (its block table), position p in block table[p // block_size]
 at p % block_size. A full block whose positions were computed from a prompt's content is
@@ -10,6 +10,10 @@ instead of computing them again, and rows with different audio never share one. 
 reference counted: a shared block lives while any row holds it; a released block with a hash
 stays cached, unreferenced, until a new block is needed and it is the least recently released.
 Only whole blocks of a prompt are shared: the block a row's own tokens start in is its own.
+A row's prompt blocks are published when it is admitted, before its prefill has run: a row
+admitted with it (the same voice in the same wave) shares them at once, and the engine runs the
+row that computes them first (runners/engine.py: _prefill_parts). NOTE: a prefill that raises
+ends the run (omni_cli/generate.py: a run fault), so a published block is never read unwritten.
 
 Nothing here touches the device: the engine writes and reads the blocks this pool hands out.
 """
@@ -20,6 +24,10 @@ import hashlib
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Sequence
+
+# Positions a block: small, so a shared prompt prefix is shared to within 15 positions (a text-only
+# system prompt too); the decode kernels read a row's keys a block at a time (runners/attention.py)
+BLOCK_SIZE = 16
 
 
 def block_hash(parent: int | None, content: Sequence[int]) -> int:
@@ -53,12 +61,15 @@ class RowBlocks:
 
 
 class BlockPool:
-    """num_blocks blocks of block_size positions. Not thread-safe: the scheduler's thread owns it."""
+    """num_blocks blocks of block_size positions. Not thread-safe: the scheduler's thread owns it.
+    share=False (deterministic mode): no prefix cache, every row computes its whole prompt."""
 
-    def __init__(self, num_blocks: int, block_size: int):
+    def __init__(self, num_blocks: int, block_size: int, share: bool = True):
         if num_blocks < 1 or block_size < 1:
             raise ValueError(f"a pool of {num_blocks} blocks of {block_size} positions")
         self.block_size = block_size
+        self.num_blocks = num_blocks
+        self.share = share
         self.refs = [0] * num_blocks
         self._hash_of: list[int | None] = [None] * num_blocks
         self._by_hash: dict[int, int] = {}
@@ -80,6 +91,8 @@ class BlockPool:
         """The chained hashes of content's full blocks, except a last block that would hold the
         prompt's final position (a row computes at least its last position itself: its logits)."""
         out: list[int] = []
+        if not self.share:
+            return out
         parent = None
         whole = (len(content) - 1) // self.block_size
         for b in range(whole):
@@ -96,6 +109,10 @@ class BlockPool:
                 break
             blocks.append(b)
         return blocks
+
+    def cached_positions(self, content: Sequence[int]) -> int:
+        """Prompt positions a row of this content would take from the cache now."""
+        return len(self.cached_prefix(self.prefix_hashes(content))) * self.block_size
 
     def can_admit(self, content: Sequence[int], positions: int) -> bool:
         """Whether a row of this prompt content and `positions` positions in all (prompt and the frames
@@ -123,16 +140,10 @@ class BlockPool:
         self.rows[rid] = row
         self.stats.reused_positions += row.cached
         self.stats.prefilled_positions += len(content) - row.cached
+        for i in range(len(hit), len(hashes)):  # published now: rows admitted after this one share them
+            if hashes[i] not in self._by_hash:  # (a child whose parent was evicted keeps the first copy)
+                self._hash_of[row.table[i]], self._by_hash[hashes[i]] = hashes[i], row.table[i]
         return row
-
-    def publish(self, rid: str) -> None:
-        """After the row's prefill wrote its KV: its prompt's full blocks become cached content that
-        later rows may share (a block already cached under its hash keeps the first copy)."""
-        row = self.rows[rid]
-        for i, h in enumerate(row.hashes):
-            b = row.table[i]
-            if self._hash_of[b] is None and h not in self._by_hash:
-                self._hash_of[b], self._by_hash[h] = h, b
 
     def grow(self, rid: str, positions: int) -> list[int]:
         """Fresh blocks so the row holds `positions` positions (a long row past its estimate); MemoryError
@@ -155,6 +166,17 @@ class BlockPool:
                     self._never_used.append(b)
                 else:
                     self._idle[b] = None
+
+    def forget(self) -> None:
+        """Every cached block forgotten and the counts zeroed (after the warm-up: a run's outputs do not
+        depend on what the warm-up left). Only while no row holds a block."""
+        if self.rows:
+            raise RuntimeError(f"{len(self.rows)} rows still hold blocks")
+        self._never_used += list(self._idle)
+        self._idle.clear()
+        self._by_hash.clear()
+        self._hash_of = [None] * len(self._hash_of)
+        self.stats = PrefixStats()
 
     # ---- blocks ----------------------------------------------------------
     def _hold(self, b: int) -> None:

@@ -58,6 +58,29 @@ def _reference(q, kc, vc, slots, lengths):
     return out
 
 
+def identity(slots_n: int) -> torch.Tensor:
+    """The slot cache's block table: slot s is block s."""
+    return torch.arange(slots_n, dtype=torch.int32)[:, None]
+
+
+def paged(kc: torch.Tensor, vc: torch.Tensor, bs: int, g: torch.Generator):
+    """The slot cache [S, KVH, L, D] laid out as blocks of bs positions in a shuffled order, plus a
+    scratch block of garbage (1e4 keys, NaN values) where every table entry past L points ->
+    (k blocks, v blocks, table [S, width + 1] int32)."""
+    s, kvh, length, d = kc.shape
+    width = -(-length // bs)
+    pad = width * bs - length
+    k = torch.cat([kc, kc.new_full((s, kvh, pad, d), 1e4)], 2).view(s, kvh, width, bs, d).transpose(1, 2)
+    v = torch.cat([vc, vc.new_full((s, kvh, pad, d), float("nan"))], 2).view(s, kvh, width, bs, d).transpose(1, 2)
+    order = torch.randperm(s * width, generator=g)  # block j of slot i goes to order[i * width + j]
+    kb = torch.empty((s * width + 1, kvh, bs, d))
+    vb = torch.empty_like(kb)
+    kb[order], vb[order] = k.reshape(-1, kvh, bs, d), v.reshape(-1, kvh, bs, d)
+    kb[-1], vb[-1] = 1e4, float("nan")
+    table = torch.cat([order.view(s, width), torch.full((s, 1), s * width)], 1).to(torch.int32)
+    return kb, vb, table
+
+
 def _check(decode_attention, block: int, splits: int, d: int) -> list[str]:
     g = torch.Generator().manual_seed(0)
     # up to more blocks than a one-row call has programs, so some take two
@@ -68,7 +91,7 @@ def _check(decode_attention, block: int, splits: int, d: int) -> list[str]:
     slots = torch.tensor([4, 0, 6, 1, 3])
     lengths = torch.tensor([1, block, block + 1, 2 * block - 1, max_len])
     q = torch.randn(len(slots), 1, h, d, generator=g).transpose(1, 2)  # the model's [B, H, 1, D] view
-    out = decode_attention(q, kc, vc, slots, lengths)
+    out = decode_attention(q, kc, vc, identity(slots_n), slots, lengths)
     err = (out.double() - _reference(q, kc, vc, slots, lengths)).abs().max().item()
     failures = []
     if not err < 1e-5:
@@ -78,9 +101,16 @@ def _check(decode_attention, block: int, splits: int, d: int) -> list[str]:
     for i in (2, 3):
         garbage[0][slots[i], :, lengths[i]:] = 1e4
         garbage[1][slots[i], :, lengths[i]:] = float("nan")
-    alone = decode_attention(q[2:4].contiguous(), *garbage, slots[2:4], lengths[2:4])
+    alone = decode_attention(q[2:4].contiguous(), *garbage, identity(slots_n), slots[2:4], lengths[2:4])
     if not torch.equal(alone, out[2:4]):
         failures.append("rows 2 and 3 alone (garbage past their lengths) differ from the batch")
+    # the same keys in shuffled blocks of 16 and of 8 positions, read through block tables: the same bits
+    kb, vb, table = paged(kc, vc, 16, g)
+    if not torch.equal(decode_attention(q, kb, vb, table, slots, lengths), out):
+        failures.append("the batch through 16-position blocks differs from the slot cache's")
+    kb8, vb8, table8 = paged(kc, vc, 8, g)
+    if not torch.equal(decode_attention(q, kb8, vb8, table8, slots, lengths), out):
+        failures.append("the batch through 8-position blocks differs from the slot cache's")
     # one row: its keys split over programs (runners/decode_attention.py: ONE_ROW_SPLITS), merged by
     # the last to finish; twice each, so a merge counter left behind would show
     for i, n in enumerate([1, block, block + 1, 3 * block + 5, (splits + 1) * block + 3, max_len]):
@@ -91,10 +121,12 @@ def _check(decode_attention, block: int, splits: int, d: int) -> list[str]:
         g_kc[one["slots"], :, n:] = 1e4
         g_vc[one["slots"], :, n:] = float("nan")
         for run in range(2):
-            got = decode_attention(qi, g_kc, g_vc, one["slots"], one["lengths"])
+            got = decode_attention(qi, g_kc, g_vc, identity(slots_n), one["slots"], one["lengths"])
             err = (got.double() - want).abs().max().item()
             if not err < 1e-5:
                 failures.append(f"one row of {n} keys, call {run}: max abs error {err}")
+        if i % 2 and not torch.equal(decode_attention(qi, kb, vb, table, one["slots"], one["lengths"]), got):
+            failures.append(f"one row of {n} keys through blocks differs from the slot cache's")
     return failures
 
 

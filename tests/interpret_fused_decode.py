@@ -24,7 +24,14 @@ import sys
 
 import torch
 
-from tests.interpret_decode_attention import _patch_interpreter_scalars
+from tests.interpret_decode_attention import _patch_interpreter_scalars, paged
+
+
+def unpaged(blocks: torch.Tensor, table: torch.Tensor, length: int) -> torch.Tensor:
+    """Blocks [N, KVH, bs, D] read through table [S, width] -> the slot cache [S, KVH, length, D]."""
+    x = blocks[table.long()]  # [S, width, KVH, bs, D]
+    s, w, kvh, bs, d = x.shape
+    return x.transpose(1, 2).reshape(s, kvh, w * bs, d)[:, :, :length]
 
 
 def main() -> int:
@@ -43,8 +50,15 @@ def main() -> int:
     plain = HiggsAudioV2LM(cfg, 64).eval()
     fused = copy.deepcopy(plain)
 
-    def engine(model):
-        kv = KVCache(cfg.num_hidden_layers, 5, cfg.num_key_value_heads, 64, cfg.head_dim, torch.float32, cpu)
+    def engine(model, blocks: bool = False):
+        """Slots of 64 positions, or blocks of 4 (ten a slot, in a shuffled order; slot 4 the spare)."""
+        if blocks:
+            kv = KVCache.paged(cfg.num_hidden_layers, 5, cfg.num_key_value_heads, 64, cfg.head_dim, torch.float32, cpu,
+                               num_blocks=40, block_size=4)
+            order = torch.randperm(40, generator=torch.Generator().manual_seed(7)).tolist()
+            kv.assign(list(range(4)), [order[slot * 10: (slot + 1) * 10] for slot in range(4)])
+        else:
+            kv = KVCache(cfg.num_hidden_layers, 5, cfg.num_key_value_heads, 64, cfg.head_dim, torch.float32, cpu)
         e = Engine(model, kv, cpu)
         e.use_graphs(capture=False)
         return e
@@ -54,9 +68,9 @@ def main() -> int:
     attention.fused_kernels_available = cuda_graphs.fused_kernels_available = lambda device: True
     fused.to_runtime(cpu, torch.float32)
     assert fused.fused
-    e_fused = engine(fused)
+    e_fused = engine(fused, blocks=True)  # the kernels read and write through block tables
     assert e_fused.graphs.kernel and not e_plain.graphs.kernel
-    e_gemv = engine(copy.deepcopy(fused))  # fed row 1 alone: the one-row GEMV path
+    e_gemv = engine(copy.deepcopy(fused), blocks=True)  # fed row 1 alone: the one-row GEMV path
     assert fused._gemv_rows(1) and not fused._gemv_rows(2)
 
     g = torch.Generator().manual_seed(1)
@@ -168,13 +182,15 @@ def _qkv_rope_matches() -> bool:
     nw = (torch.rand(k, generator=g) + 0.5, 1e-5)
     ang = torch.rand(length, d, generator=g) * 6
     pos, slot = torch.tensor([13]), torch.tensor([2])
-    base = [torch.randn(4, kvh, length, d, generator=g) for _ in range(2)]  # k and v caches
-    caches = [[c.clone() for c in base] for _ in range(2)]  # for the reference, for qkv_rope
-    want = rope_kv_write(gemv(x, w, norm=nw), ang.cos(), ang.sin(), pos, slot, *caches[0], h, kvh)
+    kc, vc = (torch.randn(4, kvh, length, d, generator=g) for _ in range(2))
+    ident = torch.arange(4, dtype=torch.int32)[:, None]  # the slot cache: slot s is block s
+    want_kv = [kc.clone(), vc.clone()]
+    want = rope_kv_write(gemv(x, w, norm=nw), ang.cos(), ang.sin(), pos, slot, *want_kv, ident, h, kvh)
     worst = 0.0
     for tile in (None, (4, 32, 4, 32), (4, 16, 4, 64)):
-        got = qkv_rope(x, w, nw, ang.cos(), ang.sin(), pos, slot, *caches[1], h, kvh, tile=tile)
-        for a, b in ((got, want), *zip(caches[1], caches[0])):
+        kb, vb, table = paged(kc, vc, 8, g)  # qkv_rope writes through a block table
+        got = qkv_rope(x, w, nw, ang.cos(), ang.sin(), pos, slot, kb, vb, table, h, kvh, tile=tile)
+        for a, b in ((got, want), (unpaged(kb, table, length), want_kv[0]), (unpaged(vb, table, length), want_kv[1])):
             worst = max(worst, ((a - b).abs().max() / b.abs().max()).item())
     print(f"qkv_rope against gemv then rope_kv_write: max relative difference {worst:.2e}")
     return worst < 1e-5

@@ -102,7 +102,7 @@ def test_hit_miss_accounting_and_ping_pong(tmp_path, eos_ckpt, monkeypatch):
     import omni_cli.runners.base as base
 
     runner, prompts, config = _tiny_runner(eos_ckpt, tmp_path)
-    sched = Scheduler(4, 256)
+    sched = Scheduler.for_runner(runner, 256)
     for i in range(3):
         sched.add(Request(rid=f"r{i}", prompt=prompts.build(TEXTS[i], config.system_prompt, None),
                           params=SamplingParams(temperature=0, max_new_frames=20), seed=i))
@@ -131,7 +131,7 @@ def test_a_runner_without_the_async_hooks_says_so(tmp_path, eos_ckpt):
         post_decode_launch = ModelRunner.post_decode_launch
 
     runner.__class__ = NoAsync
-    sched = Scheduler(4, 256)
+    sched = Scheduler.for_runner(runner, 256)
     sched.add(Request(rid="a", prompt=prompts.build("x", config.system_prompt, None),
                       params=SamplingParams(max_new_frames=5), seed=0))
     runner.execute(sched.schedule())
@@ -151,7 +151,7 @@ def test_thousand_random_requests_free_every_slot_once(tmp_path, early_eos_ckpt)
     """Random lengths, limits and stops; lookahead steps of finished requests are dropped."""
     runner, prompts, config = _tiny_runner(early_eos_ckpt, tmp_path, max_batch_size=6, deterministic=False)
     rng = random.Random(0)
-    sched = Scheduler(6, 256)
+    sched = Scheduler.for_runner(runner, 256)
     # prompts cost a tokenizer call each: reuse a few
     ids = [prompts.build(t, config.system_prompt, None) for t in TEXTS[:4]]
     reqs = []
@@ -189,7 +189,7 @@ def test_ineligible_batches_take_the_sync_path(tmp_path, eos_ckpt):
     runner.lookahead_eligible = lambda so: calls.append(1) or len(calls) % 3 != 0
     outs = {}
     for async_decode in (False, True):
-        sched = Scheduler(4, 256)
+        sched = Scheduler.for_runner(runner, 256)
         reqs = [Request(rid=f"r{i}", prompt=prompts.build(t, config.system_prompt, None),
                         params=SamplingParams(temperature=1.0, max_new_frames=30), seed=i)
                 for i, t in enumerate(TEXTS[:6])]

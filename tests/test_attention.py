@@ -25,7 +25,7 @@ def _attend(kv, q, slots, kv_len):
     mask = (torch.arange(kv_len)[None, :] < LENS[:, None])[:, None, None]
     ctx = AttentionContext(kv=kv, is_prefill=False, slots_gpu=slots, positions_gpu=(LENS - 1)[:, None],
                            mask_gpu=mask, kv_len=kv_len, deterministic=True)
-    return ctx._blockwise(q, kv.k_gpu[0], kv.v_gpu[0])
+    return ctx._blockwise(q, *kv.gather(0, slots, kv_len))
 
 
 def test_blockwise_equals_attention():
@@ -51,3 +51,35 @@ def test_masked_key_blocks_change_no_bit():
 def test_kv_bucket():
     assert kv_bucket(1, 2048) == DET_KEY_BLOCK == 256
     assert kv_bucket(257, 2048) == 512 and kv_bucket(1025, 2048) == 2048 and kv_bucket(1025, 1500) == 1500
+
+
+def test_attention_through_block_tables_gives_the_slot_caches_bits():
+    """The same keys as shuffled blocks of 16 positions (garbage past every row's blocks): decode
+    attention (deterministic mode's blockwise, and the default mode's SDPA) and a prefill's write
+    then attend read them through the block tables and give the slot cache's bits."""
+    from tests.interpret_decode_attention import paged
+
+    kv, q, slots = _setup()
+    g = torch.Generator().manual_seed(1)
+    blocks = KVCache.paged(1, ROWS + 2, KVH, MAX, D, torch.float32, torch.device("cpu"),
+                           num_blocks=(ROWS + 2) * MAX // 16, block_size=16)
+    kb, vb, table = paged(kv.k_gpu[0], kv.v_gpu[0], 16, g)
+    blocks.k_gpu[0], blocks.v_gpu[0] = kb, vb
+    blocks.table_gpu.copy_(table[:, : blocks.table_gpu.shape[1]])
+    assert torch.equal(_attend(blocks, q, slots, MAX), _attend(kv, q, slots, MAX))
+    for cache in (kv, blocks):
+        assert torch.equal(cache.gather(0, slots, 700)[1], kv.v_gpu[0][slots, :, :700])
+    # a prefill of 3 positions from position 100 (keys before it in the cache), then its decode SDPA
+    k_new, v_new = torch.randn(2, ROWS, KVH, 3, D, generator=g)
+    outs = []
+    for cache in (kv, blocks):
+        ctx = AttentionContext(kv=cache, is_prefill=True, slots_gpu=slots,
+                               positions_gpu=torch.arange(100, 103).expand(ROWS, 3), mask_gpu=None, kv_len=103,
+                               mask_fn=lambda: torch.ones(ROWS, 1, 3, 103, dtype=torch.bool), prefix_len=100)
+        qp = torch.randn(ROWS, HEADS, 3, D, generator=torch.Generator().manual_seed(2))
+        outs.append(ctx.attend(0, qp, k_new, v_new))
+        dec = AttentionContext(kv=cache, is_prefill=False, slots_gpu=slots, positions_gpu=torch.full((ROWS, 1), 103),
+                               mask_gpu=torch.ones(ROWS, 1, 1, 104, dtype=torch.bool), kv_len=104)
+        outs.append(dec.attend(0, q, k_new[:, :, :1], v_new[:, :, :1]))
+    assert torch.equal(outs[0], outs[2]) and torch.equal(outs[1], outs[3])
+    assert torch.equal(blocks.gather(0, slots, 104)[0], kv.k_gpu[0][slots, :, :104])

@@ -31,9 +31,10 @@ def test_multi_row_attention_compiles_for_hopper(block, warps):
     from omni_cli.runners.decode_attention import _decode_attention_kernel
 
     sig = {**{p: "*bf16" for p in ("q_ptr", "k_ptr", "v_ptr", "out_ptr")}, "slots_ptr": "*i64", "lengths_ptr": "*i64",
-           **{s: "i32" for s in ("stride_qb", "stride_qh", "stride_ob", "stride_oh", "stride_cs", "stride_ch",
-                                 "stride_ct")}, "scale": "fp32"}
-    consts = {"REP": 3, "REP_PAD": 16, "D": 128, "BLOCK": block, "USE_DOT": True, "PRECISION": "tf32", "PDL": False}
+           "table_ptr": "*i32", **{s: "i32" for s in ("stride_qb", "stride_qh", "stride_ob", "stride_oh", "stride_tb",
+                                                      "stride_cs", "stride_ch", "stride_ct")}, "scale": "fp32"}
+    consts = {"REP": 3, "REP_PAD": 16, "D": 128, "BLOCK": block, "USE_DOT": True, "PRECISION": "tf32", "BS": 16,
+              "PDL": False}
     src = ASTSource(_decode_attention_kernel, {**sig, **{k: "constexpr" for k in consts}}, constexprs=consts)
     assert triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps}).asm["cubin"]
 

@@ -128,7 +128,8 @@ def test_rope_kv_write_rotates_within_bf16_rounding_and_writes_only_its_tokens_o
     slots, positions = idx % n_slots, idx // n_slots  # every (slot, position) once, out of order
     caches = [torch.randn(n_slots, kvh, max_len, d, generator=g, device=dev).to(bf16) for _ in range(2)]
     want_k, want_v = (c.clone() for c in caches)
-    q = rope_kv_write(qkv, cos, sin, positions, slots, *caches, h, kvh)
+    ident = torch.arange(n_slots, dtype=torch.int32, device=dev)[:, None]  # the slot cache's block table
+    q = rope_kv_write(qkv, cos, sin, positions, slots, *caches, ident, h, kvh)
 
     x = qkv.view(n, h + 2 * kvh, d)
     xd, c, s = x[:, : h + kvh].double(), cos[positions].double()[:, None], sin[positions].double()[:, None]
@@ -141,6 +142,36 @@ def test_rope_kv_write_rotates_within_bf16_rounding_and_writes_only_its_tokens_o
     want_v[slots, :, positions] = x[:, h + kvh:]
     assert torch.equal(caches[0], want_k)
     assert torch.equal(caches[1], want_v)
+
+
+@pytest.mark.parametrize("rows", [1, 3, 64])
+def test_decode_attention_through_block_tables_gives_the_slot_caches_bits_on_cuda(rows):
+    """The same keys as a slot cache and as shuffled blocks of 16 positions (a scratch block of
+    garbage past every row's blocks), at the 3B head shape in bf16: the attention through the
+    block tables equals the slot cache's bit for bit, at one row (split keys), a few rows, and
+    64 (the multi-row kernel's other tile), with rows of lengths across block edges; and the
+    invariant kernel (deterministic mode) the same."""
+    import torch
+
+    from omni_cli.runners.decode_attention import decode_attention
+    from tests.interpret_decode_attention import paged
+
+    dev, g = torch.device("cuda"), torch.Generator().manual_seed(rows)
+    kvh, h, d, max_len, slots_n = 8, 24, 128, 700, rows + 1
+    kc, vc = (torch.randn(slots_n, kvh, max_len, d, generator=g).to(torch.bfloat16) for _ in range(2))
+    kb, vb, table = paged(kc.float(), vc.float(), 16, g)
+    kb, vb, table = kb.to(torch.bfloat16).to(dev), vb.to(torch.bfloat16).to(dev), table.to(dev)
+    kc, vc = kc.to(dev), vc.to(dev)
+    ident = torch.arange(slots_n, dtype=torch.int32, device=dev)[:, None]
+    slots = torch.randperm(slots_n, generator=g)[:rows].to(dev)
+    lengths = torch.randint(1, max_len + 1, (rows,), generator=g)
+    lengths[0] = 513 if rows == 1 else 17
+    lengths = lengths.to(dev)
+    q = torch.randn(rows, h, 1, d, generator=g).to(torch.bfloat16).to(dev)
+    for invariant in (False, True):
+        want = decode_attention(q, kc, vc, ident, slots, lengths, invariant=invariant)
+        got = decode_attention(q, kb, vb, table, slots, lengths, invariant=invariant)
+        assert torch.equal(got, want), (rows, invariant)
 
 
 def test_one_row_decode_attention_on_cuda():
@@ -157,10 +188,11 @@ def test_one_row_decode_attention_on_cuda():
     kvh, h, d, max_len = 8, 24, 128, 2048
     kc, vc = (torch.randn(3, kvh, max_len, d, generator=g, device=dev).to(torch.bfloat16) for _ in range(2))
     slot = torch.tensor([1], device=dev)
+    ident = torch.arange(3, dtype=torch.int32, device=dev)[:, None]  # the slot cache's block table
     for n in (1, 64, 128, 129, 200, 513, 2000):  # whole rows, then 3, 4, 9 and 32 blocks split
         lengths = torch.tensor([n], device=dev)
         qs = [torch.randn(1, h, 1, d, generator=g, device=dev).to(torch.bfloat16) for _ in range(20)]
-        outs = [decode_attention(q, kc, vc, slot, lengths) for q in qs]
+        outs = [decode_attention(q, kc, vc, ident, slot, lengths) for q in qs]
         k = kc[1, :, :n].double().repeat_interleave(h // kvh, 0)  # [H, n, D]
         v = vc[1, :, :n].double().repeat_interleave(h // kvh, 0)
         for i, (q, out) in enumerate(zip(qs, outs)):

@@ -183,28 +183,34 @@ def test_greedy_codes_match_transformers_for_50_frames(models, teacher_forced):
 
 
 def test_shared_prefix_prefill_matches_transformers(models, monkeypatch):
-    """A prefill whose prompts share a prefix (runners/engine.py): the prefix as a one-row
-    graph replay, the rows' own tokens on the fused path over the copied prefix keys.
-    Each row's logits against the oracle run on its whole prompt, as the test above."""
-    from omni_cli.runners import cuda_graphs, engine as engine_mod
-    from omni_cli.runners.engine import ForwardBatch
+    """A prefill whose prompts share a prefix, on the paged cache (runners/kv_blocks.py): the first
+    row runs its whole prompt (a graph replay), the other two reuse its prefix blocks and run their
+    own tokens on the fused path over those keys, a phase later. Each row's logits against the
+    oracle run on its whole prompt, as the test above."""
+    from omni_cli.runners import cuda_graphs
+    from omni_cli.runners.attention import KVCache
+    from omni_cli.runners.engine import Engine
+    from omni_cli.runners.kv_blocks import BlockPool
+    from omni_cli.runners.sampling.params import SamplingParams
+    from omni_cli.scheduler import Request, Scheduler
 
     cfg, oracle, peer, ours = models
-    monkeypatch.setattr(engine_mod, "PREFIX_MIN_SAVED_TOKENS", 1)
-    monkeypatch.setattr(cuda_graphs, "PREFILL_GRAPH_TOKENS", 256)  # 3 rows x 81 tokens run eagerly, 47 replay
+    monkeypatch.setattr(cuda_graphs, "PREFILL_GRAPH_TOKENS", 64)  # the first row (64 tokens) replays a graph
     prefix = _prompt(cfg, 48, 7)[:-1]
-    prompts = [prefix + _prompt(cfg, n, 10 + n) for n in (16, 5, 34)]
-    engine = _engine(cfg, ours, 3)
-    t, slots = max(map(len, prompts)), [2, 0, 1]
-    fb = ForwardBatch(is_prefill=True, rids=["a", "b", "c"], slots_gpu=torch.tensor(slots, device=DEV),
-                      lengths_cpu=[len(p) for p in prompts], steps_cpu=[0] * 3,
-                      steps_gpu=torch.zeros(3, dtype=torch.int64, device=DEV),
-                      positions_gpu=torch.arange(t, device=DEV).expand(3, t),
-                      model_inputs={"input_ids": torch.tensor([p + [0] * (t - len(p)) for p in prompts], device=DEV)},
-                      prompts_cpu=prompts)
+    prompts = [prefix + _prompt(cfg, n, 10 + n) for n in (17, 5, 34)]
+    pool = BlockPool(64, 16)
+    kv = KVCache.paged(cfg.num_hidden_layers, 4, cfg.num_key_value_heads, 512, cfg.head_dim, torch.bfloat16, DEV,
+                       num_blocks=64, block_size=16)
+    engine = Engine(ours, kv, DEV, blocks=pool)
+    engine.use_graphs()
+    sched = Scheduler(3, 512, blocks=pool)
+    for i, p in enumerate(prompts):
+        sched.add(Request(rid=f"r{i}", prompt=p, params=SamplingParams(max_new_frames=8), seed=0))
+    so = sched.schedule()
+    assert [r.blocks.cached for r in so.requests] == [0, 32, 32]  # two whole blocks of the 47-token prefix
+    fb = engine.build_forward_batch(so)
     logits = engine.forward(fb).float()
-    # the only graph: the 47-token prefix's (the rows' 81 x 4 padded tokens are over the limit)
-    assert list(engine.prefill_graphs._entries) == [(1, 64)]
+    assert list(engine.prefill_graphs._entries) == [(1, 64)]  # the first row's graph; the others ran eagerly
     for row, ids in enumerate(prompts):
         x = torch.tensor([ids], device=DEV)
         with torch.inference_mode():

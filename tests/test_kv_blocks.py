@@ -1,6 +1,6 @@
 """runners/kv_blocks.py: the paged KV's host bookkeeping. Rows get the blocks their positions need;
-rows whose prompts begin with the same content share those whole blocks once the first row's
-prefill has published them; a shared block is freed when the last row holding it finishes, kept
+rows whose prompts begin with the same content share those whole blocks from the first row's
+admission on (its prefill runs before theirs: runners/engine.py); a shared block is freed when the last row holding it finishes, kept
 as cache until it is the least recently released; different audio never shares a block."""
 
 from __future__ import annotations
@@ -53,8 +53,7 @@ def test_a_shared_voice_is_computed_once_and_freed_with_its_last_row():
     first, second = voice_prompt(0, [40, 41, 42]), voice_prompt(0, [50, 51])
     common = next(i for i, (x, y) in enumerate(zip(first.content, second.content)) if x != y)  # 11
     a = pool.admit("a", first.content, 30)
-    assert a.cached == 0  # nothing published yet: the first row computes its whole prompt
-    pool.publish("a")
+    assert a.cached == 0  # the first row computes its whole prompt
     b = pool.admit("b", second.content, 30)
     shared = common // BS  # whole blocks of the common prefix
     assert b.cached == shared * BS and b.table[:shared] == a.table[:shared]
@@ -77,10 +76,8 @@ def test_different_audio_never_shares_a_block():
     one, other = voice_prompt(0, [40, 41]), voice_prompt(1, [40, 41])
     assert one.ids == other.ids and one.content != other.content
     pool.admit("a", one.content, 20)
-    pool.publish("a")
     b = pool.admit("b", other.content, 20)
     assert b.cached == 0 and not set(b.table) & set(pool.rows["a"].table)
-    pool.publish("b")
     same = pool.admit("c", one.content, 20)  # control: the same audio again does share
     assert same.cached > 0
 
@@ -91,7 +88,6 @@ def test_a_row_computes_its_last_prompt_position_itself():
     pool = BlockPool(16, BS)
     prompt = list(range(100, 108))  # two whole blocks
     pool.admit("a", prompt, 12)
-    pool.publish("a")
     b = pool.admit("b", prompt, 12)
     assert b.cached == BS and b.cached < len(prompt)
 
@@ -118,7 +114,6 @@ def test_cached_blocks_are_evicted_least_recently_released_first():
     old, new = list(range(200, 209)), list(range(300, 309))  # two whole blocks each (9 positions)
     for rid, prompt in (("old", old), ("new", new)):
         pool.admit(rid, prompt, 12)
-        pool.publish(rid)
     pool.release("old")
     pool.release("new")
     assert pool.free_blocks == 6
@@ -139,3 +134,14 @@ def test_growing_a_row_adds_fresh_blocks():
     added = pool.grow("a", 9)
     assert len(added) == 2 and row.table[-2:] == added and pool.grow("a", 9) == []
     check_counts(pool, 8)
+
+
+def test_without_sharing_every_row_computes_its_whole_prompt():
+    """Deterministic mode's pool (share=False): the same voice twice takes no cached block."""
+    pool = BlockPool(32, BS, share=False)
+    pool.admit("a", voice_prompt(0, [40]).content, 20)
+    b = pool.admit("b", voice_prompt(0, [50]).content, 20)
+    assert b.cached == 0 and not set(b.table) & set(pool.rows["a"].table)
+    shared = BlockPool(32, BS)  # control: the sharing pool does share them
+    shared.admit("a", voice_prompt(0, [40]).content, 20)
+    assert shared.admit("b", voice_prompt(0, [50]).content, 20).cached > 0

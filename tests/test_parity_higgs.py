@@ -52,12 +52,14 @@ def reference_runs(eos_ckpt):
     return runs
 
 
-@pytest.mark.parametrize("which", ["eos", "default", "eos-shared-prefix"])
+@pytest.mark.parametrize("which", ["eos", "default", "eos-unshared"])
 def test_codes_logprobs_audio_match_reference(tmp_path, eos_ckpt, reference_runs, which, monkeypatch):
-    if which == "eos-shared-prefix":
-        from omni_cli.runners import engine
+    """The rows share their system prompt's KV blocks (runners/kv_blocks.py); eos-unshared: with the
+    prefix cache off, each row computes its whole prompt."""
+    if which == "eos-unshared":
+        from omni_cli.runners.kv_blocks import BlockPool
 
-        monkeypatch.setattr(engine, "PREFIX_MIN_SAVED_TOKENS", 1)
+        monkeypatch.setattr(BlockPool, "prefix_hashes", lambda self, content: [])
         which = "eos"
     ckpt = eos_ckpt if which == "eos" else TINY
     out = _run_omni(tmp_path, ckpt)

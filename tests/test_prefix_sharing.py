@@ -1,10 +1,11 @@
-"""A prefill's shared prompt prefix, run once and copied into every row's slot (runners/engine.py).
+"""Shared prompt prefixes through the paged cache's prefix cache (runners/kv_blocks.py,
+runners/engine.py): rows admitted through a block pool take the blocks of a prefix that an earlier
+row (of the same prefill, or of an earlier one) computes, and run only the rest of their prompts.
 
-The oracle is the prefill that runs every prompt whole (itself held to
-transformers by tests/test_parity_higgs.py, which also runs `omni generate`
-with sharing on): logits, every row's keys and values, and the decode steps
-after it agree in float32, with rows of different lengths (right padding) in
-slots out of order.
+The oracle is the prefill that runs every prompt whole on the slot cache (itself held to
+transformers by tests/test_parity_higgs.py, which also runs `omni generate` with sharing on):
+logits, every row's keys and values, and the decode steps after it agree in float32, with rows of
+different lengths (right padding).
 """
 
 from __future__ import annotations
@@ -12,24 +13,19 @@ from __future__ import annotations
 import pytest
 import torch
 
-from omni_cli.runners import engine as engine_mod
 from omni_cli.runners.attention import KVCache
 from omni_cli.runners.checkpoint import load_into, read_safetensors
-from omni_cli.runners.engine import Engine, ForwardBatch, shared_prefix
+from omni_cli.runners.engine import Engine, ForwardBatch
 from omni_cli.runners.higgs_audio_v2.config import HiggsConfig
 from omni_cli.runners.higgs_audio_v2.model import HiggsAudioV2LM
+from omni_cli.runners.kv_blocks import BlockPool
+from omni_cli.runners.sampling.params import SamplingParams
+from omni_cli.scheduler import Request, Scheduler
 from tests.conftest import TINY
 
+BS = 4  # positions a block
+
 CPU = torch.device("cpu")
-
-
-def test_shared_prefix_leaves_every_prompt_a_token_of_its_own():
-    assert shared_prefix([[1, 2, 3, 4], [1, 2, 3, 5]]) == 3
-    assert shared_prefix([[1, 2, 3], [1, 2, 3, 4, 5]]) == 2  # the shorter prompt keeps its last token
-    assert shared_prefix([[1, 2, 3], [1, 2, 3]]) == 2
-    assert shared_prefix([[7, 2], [1, 2]]) == 0
-    assert shared_prefix([[1], [1]]) == 0
-    assert shared_prefix([[1, 2, 9], [1, 2, 9], [1, 3, 9]]) == 1
 
 
 @pytest.fixture(scope="module")
@@ -51,53 +47,120 @@ def _prefill_batch(prompts: list[list[int]], slots: list[int]) -> ForwardBatch:
                         prompts_cpu=prompts, slots_cpu=slots)
 
 
-def _run(model, prompts: list[list[int]], slots: list[int], min_saved: int, monkeypatch):
-    """Prefill then three decode steps through a fresh engine -> (logits per forward, kv)."""
-    monkeypatch.setattr(engine_mod, "PREFIX_MIN_SAVED_TOKENS", min_saved)
-    cfg = model.cfg
-    kv = KVCache(cfg.num_hidden_layers, 8, cfg.num_key_value_heads, 128, cfg.head_dim, torch.float32, CPU)
-    engine = Engine(model, kv, CPU)
-    lens = [len(p) for p in prompts]
-    fb = _prefill_batch(prompts, slots)
-    outs = [engine.forward(fb)]
+def _decode(engine: Engine, slots: list[int], lens: list[int], steps: int) -> list[torch.Tensor]:
+    """`steps` decode steps of rows with these prompt lengths, the same random audio codes every call."""
     g = torch.Generator().manual_seed(1)
-    for s in range(1, 4):
+    outs = []
+    for s in range(1, steps + 1):
         pos = [n + s - 1 for n in lens]
-        fb = ForwardBatch(is_prefill=False, rids=fb.rids, slots_gpu=torch.tensor(slots), lengths_cpu=[p + 1 for p in pos],
-                          steps_cpu=[s] * len(prompts), steps_gpu=torch.full((len(prompts),), s),
-                          positions_gpu=torch.tensor(pos)[:, None],
-                          model_inputs={"audio_codes": torch.randint(0, 1024, (len(prompts), 1, 8), generator=g)})
+        fb = ForwardBatch(is_prefill=False, rids=[str(x) for x in slots], slots_gpu=torch.tensor(slots),
+                          lengths_cpu=[p + 1 for p in pos], steps_cpu=[s] * len(slots),
+                          steps_gpu=torch.full((len(slots),), s), positions_gpu=torch.tensor(pos)[:, None],
+                          model_inputs={"audio_codes": torch.randint(0, 1024, (len(slots), 1, 8), generator=g)})
         outs.append(engine.forward(fb))
-    return outs, kv
+    return outs
 
 
-def test_shared_prefix_prefill_computes_what_the_whole_prompts_do(model, monkeypatch):
+def _whole(model, prompts: list[list[int]], steps: int = 3):
+    """The oracle: every prompt run whole on a slot cache, then decode steps -> (logits per forward, kv)."""
+    cfg = model.cfg
+    kv = KVCache(cfg.num_hidden_layers, len(prompts) + 1, cfg.num_key_value_heads, 128, cfg.head_dim,
+                 torch.float32, CPU)
+    engine = Engine(model, kv, CPU)
+    slots = list(range(len(prompts)))
+    outs = [engine.forward(_prefill_batch(prompts, slots))]
+    return outs + _decode(engine, slots, [len(p) for p in prompts], steps), kv
+
+
+class Paged:
+    """A paged engine and the scheduler admitting through its pool; counts the tokens each forward ran."""
+
+    def __init__(self, model, monkeypatch, rows: int = 8, blocks: int = 64):
+        cfg = model.cfg
+        self.pool = BlockPool(blocks, BS)
+        self.kv = KVCache.paged(cfg.num_hidden_layers, rows + 1, cfg.num_key_value_heads, 128, cfg.head_dim,
+                                torch.float32, CPU, num_blocks=blocks, block_size=BS)
+        self.engine = Engine(model, self.kv, CPU, blocks=self.pool)
+        self.sched = Scheduler(rows, 128, blocks=self.pool)
+        self.widths: list[int] = []  # tokens a row, each prefill forward of the model
+        forward = model.forward
+
+        def counted(attn, **kw):
+            if attn.is_prefill:
+                self.widths.append(kw["input_ids"].shape[1])
+            return forward(attn, **kw)
+
+        monkeypatch.setattr(model, "forward", counted)
+
+    def prefill(self, prompts: list[list[int]], tag: str, frames: int = 8) -> tuple[list[Request], torch.Tensor]:
+        reqs = [Request(rid=f"{tag}{i}", prompt=p, params=SamplingParams(max_new_frames=frames), seed=0)
+                for i, p in enumerate(prompts)]
+        for r in reqs:
+            self.sched.add(r)
+        so = self.sched.schedule()
+        assert so.is_prefill and so.requests == reqs
+        return reqs, self.engine.forward(self.engine.build_forward_batch(so))
+
+    def rows_kv(self, reqs: list[Request], n: list[int]):
+        """Each row's keys and values at its first n positions, read through its block table."""
+        slots = torch.tensor([r.slot for r in reqs])
+        return [[t[i, :, : n[i]] for i in range(len(reqs))] for t in self.kv.gather(0, slots, max(n))]
+
+
+def _random(g, n: int) -> list[int]:
+    return torch.randint(0, 250, (n,), generator=g).tolist()
+
+
+def test_rows_admitted_together_compute_a_shared_prefix_once(model, monkeypatch):
+    """Four rows opening with the same 21 tokens, admitted in one prefill: the first runs its whole
+    prompt, the other three reuse its 5 whole blocks (20 positions) and run from position 20, a phase
+    later; logits, every row's keys and values and three decode steps agree with the whole prompts'."""
     g = torch.Generator().manual_seed(0)
-    prefix = torch.randint(0, 250, (21,), generator=g).tolist()
-    prompts = [prefix + torch.randint(0, 250, (n,), generator=g).tolist() for n in (9, 1, 30, 4)]
-    slots = [5, 0, 6, 2]
-    assert shared_prefix(prompts) == 21
-    shared, kv_shared = _run(model, prompts, slots, 1, monkeypatch)
-    whole, kv_whole = _run(model, prompts, slots, 10 ** 9, monkeypatch)
-    for a, b in zip(shared, whole):
+    prefix = _random(g, 21)
+    prompts = [prefix + _random(g, n) for n in (9, 1, 30, 4)]
+    want, kv_whole = _whole(model, prompts)
+    p = Paged(model, monkeypatch)
+    reqs, logits = p.prefill(prompts, "r")
+    assert [r.blocks.cached for r in reqs] == [0, 20, 20, 20]
+    assert p.widths == [30, 51 - 20]  # the first row whole, then the others from position 20 (the longest: 51)
+    assert all(r.blocks.table[:5] == reqs[0].blocks.table[:5] for r in reqs)
+    got = [logits] + _decode(p.engine, [r.slot for r in reqs], [len(x) for x in prompts], 3)
+    for a, b in zip(got, want):
         torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
-    for row, slot in enumerate(slots):
-        n = len(prompts[row]) + 3  # the prompt and the three decode steps' keys
-        for a, b in ((kv_shared.k_gpu, kv_whole.k_gpu), (kv_shared.v_gpu, kv_whole.v_gpu)):
-            torch.testing.assert_close(a[:, slot, :, :n], b[:, slot, :, :n], atol=1e-5, rtol=1e-5)
-    # the shared run wrote no slot that no row owns (the prefix went to the first row's slot)
-    for other in set(range(8)) - set(slots):
-        assert not kv_shared.k_gpu[:, other].any()
+    n = [len(x) + 3 for x in prompts]  # the prompt and the three decode steps' keys
+    whole = [[t[0][i, :, : n[i]] for i in range(4)] for t in (kv_whole.k_gpu, kv_whole.v_gpu)]
+    for ours, theirs in zip(p.rows_kv(reqs, n), whole):
+        for a, b in zip(ours, theirs):
+            torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+    assert p.pool.stats.reused_positions == 60 and p.pool.stats.prefilled_positions == sum(map(len, prompts)) - 60
 
 
-def test_small_savings_run_the_prompts_whole(model, monkeypatch):
-    """Below PREFIX_MIN_SAVED_TOKENS the prefill is the unshared one, bit for bit."""
-    g = torch.Generator().manual_seed(2)
-    prefix = torch.randint(0, 250, (10,), generator=g).tolist()
-    prompts = [prefix + torch.randint(0, 250, (n,), generator=g).tolist() for n in (3, 5)]
-    below, _ = _run(model, prompts, [1, 3], 11, monkeypatch)  # (2 - 1) x 10 tokens saved < 11
-    whole, _ = _run(model, prompts, [1, 3], 10 ** 9, monkeypatch)
-    assert all(torch.equal(a, b) for a, b in zip(below, whole))
+def test_a_later_prefill_reuses_the_cached_blocks_after_their_rows_finished(model, monkeypatch):
+    """Rows of a second prefill, admitted after every row of the first has finished, take the cached
+    blocks of the prefix (their only holder is the cache) and run only their own tokens; a prompt
+    that shares nothing runs whole; the shared blocks go back to the pool with their last row."""
+    g = torch.Generator().manual_seed(4)
+    prefix = _random(g, 21)
+    first, second = [prefix + _random(g, n) for n in (5, 9)], [prefix + _random(g, n) for n in (3, 7)]
+    other = [_random(g, 30)]
+    p = Paged(model, monkeypatch, blocks=40)
+    reqs, _ = p.prefill(first, "a")
+    for r in reqs:
+        p.sched.finish(r, "stop")
+    assert p.pool.free_blocks == 40  # every block free again (the prefix's five kept as cache)
+    p.widths.clear()
+    reqs, logits = p.prefill(second, "b")
+    assert [r.blocks.cached for r in reqs] == [20, 20] and p.widths == [len(second[1]) - 20]
+    torch.testing.assert_close(logits, _whole(model, second, 0)[0][0], atol=1e-5, rtol=1e-5)
+    shared = reqs[0].blocks.table[:5]
+    p.sched.finish(reqs[0], "stop")
+    assert all(p.pool.refs[b] == 1 for b in shared)  # the second row still holds them
+    p.widths.clear()
+    lone, logits = p.prefill(other, "c")
+    assert lone[0].blocks.cached == 0 and p.widths == [30]
+    torch.testing.assert_close(logits, _whole(model, other, 0)[0][0], atol=1e-5, rtol=1e-5)
+    p.sched.finish(reqs[1], "stop")
+    assert all(p.pool.refs[b] == 0 for b in shared)  # freed with their last row (and still cached)
 
 
 def test_cached_attention_after_a_prefix_is_causal_to_the_last_key():
@@ -121,52 +184,3 @@ def test_cached_attention_after_a_prefix_is_causal_to_the_last_key():
     seen = torch.arange(p + t)[None, :] <= torch.arange(p, p + t)[:, None]  # [T, P + T]
     want = torch.softmax(s.masked_fill(~seen, float("-inf")), -1) @ v
     torch.testing.assert_close(ctx.attend_cached_causal(0, q).double(), want, atol=1e-5, rtol=1e-5)
-
-
-def _prefill(engine, prompts: list[list[int]], slots: list[int]) -> torch.Tensor:
-    return engine.forward(_prefill_batch(prompts, slots))
-
-
-def test_kept_prefix_serves_later_prefills_until_its_slot_is_rewritten(model, monkeypatch):
-    """A later prefill whose prompts open with the kept prefix copies its keys (its forward
-    runs only the rows' own tokens) and computes what the whole prompts do; once a prefill
-    rewrites the kept prefix's slot, the next one does not read that slot's new keys."""
-    g = torch.Generator().manual_seed(4)
-    prefix = torch.randint(0, 250, (21,), generator=g).tolist()
-
-    def prompts(*own):
-        return [prefix + torch.randint(0, 250, (n,), generator=g).tolist() for n in own]
-
-    first, second, third = prompts(5, 9), prompts(3, 7, 2), prompts(6, 4)
-    other = [torch.randint(0, 250, (30,), generator=g).tolist()]  # shares nothing with the prefix
-    cfg = model.cfg
-    widths = []  # tokens a row each forward of the model ran
-    forward = model.forward
-    monkeypatch.setattr(model, "forward", lambda attn, **kw: widths.append(kw["input_ids"].shape[1]) or forward(attn, **kw))
-
-    def engine():
-        return Engine(model, KVCache(cfg.num_hidden_layers, 8, cfg.num_key_value_heads, 128, cfg.head_dim,
-                                     torch.float32, CPU), CPU)
-
-    def whole(batch, slots):  # the oracle: a fresh engine, nothing shared
-        monkeypatch.setattr(engine_mod, "PREFIX_MIN_SAVED_TOKENS", 10 ** 9)
-        out = _prefill(engine(), batch, slots)
-        monkeypatch.setattr(engine_mod, "PREFIX_MIN_SAVED_TOKENS", 1)
-        return out
-
-    want = [whole(first, [5, 0]), whole(second, [2, 6, 4]), whole(third, [1, 3])]
-    monkeypatch.setattr(engine_mod, "PREFIX_MIN_SAVED_TOKENS", 1)
-    e = engine()
-    widths.clear()
-    got = _prefill(e, first, [5, 0])  # runs the prefix into slot 5, keeps it
-    assert widths == [21, 9]  # the prefix alone, then the rows' own tokens (the longest has 9)
-    torch.testing.assert_close(got, want[0], atol=1e-5, rtol=1e-5)
-    widths.clear()
-    got = _prefill(e, second, [2, 6, 4])
-    assert widths == [7]  # the kept prefix copied: only the rows' own tokens ran
-    torch.testing.assert_close(got, want[1], atol=1e-5, rtol=1e-5)
-    _prefill(e, other, [5])  # a new request in the kept prefix's slot
-    widths.clear()
-    got = _prefill(e, third, [1, 3])
-    assert widths == [21, 6]  # the prefix ran again (slot 5 no longer holds it)
-    torch.testing.assert_close(got, want[2], atol=1e-5, rtol=1e-5)

@@ -1,4 +1,4 @@
-"""Prompts as ids plus audio codes (runners/prompt_input.py): what the engine compares is the
+"""Prompts as ids plus audio codes (runners/prompt_input.py): what the prefix cache keys on is the
 content, so two rows whose ids agree but whose audio differs never share a prefix's KV."""
 
 from __future__ import annotations
@@ -8,12 +8,19 @@ import pytest
 import torch
 
 from omni_cli.runners.attention import KVCache
-from omni_cli.runners.engine import Engine, shared_prefix
+from omni_cli.runners.engine import Engine
+from omni_cli.runners.kv_blocks import BlockPool
 from omni_cli.runners.prompt_input import AudioSpan, PromptInput
 from omni_cli.runners.sampling.params import SamplingParams
-from omni_cli.scheduler import Request, SchedulerOutput
+from omni_cli.scheduler import Request, Scheduler
 
 IDS = [5, 6, 7, 9, 9, 9, 9, 8, 3]  # positions 3..6: an audio span's placeholders
+
+
+def shared_prefix(prompts: list[list[int]]) -> int:
+    """Leading positions every prompt has equal, leaving each at least its last one (as the cache does)."""
+    n = min(len(p) for p in prompts) - 1
+    return next((i for i in range(n) if len({p[i] for p in prompts}) > 1), n)
 
 
 def _codes(seed: int, frames: int = 4) -> np.ndarray:
@@ -48,14 +55,24 @@ def test_text_only_content_is_the_ids_and_a_span_must_fit():
         PromptInput(IDS, (AudioSpan(7, _codes(0)),))
 
 
-def test_the_engine_compares_prompts_by_content():
-    """build_forward_batch hands prefix sharing each row's content, not its ids."""
-    kv = KVCache(1, 3, 1, 32, 4, torch.float32, torch.device("cpu"))
-    engine = Engine(torch.nn.Identity(), kv, torch.device("cpu"))
-    reqs = [Request(rid=f"r{i}", prompt=PromptInput(IDS, (AudioSpan(3, _codes(i)),)), params=SamplingParams(),
-                    seed=0) for i in range(2)]
-    for slot, r in enumerate(reqs):
-        r.slot = slot
-    fb = engine.build_forward_batch(SchedulerOutput(is_prefill=True, requests=reqs, steps=[0, 0]))
-    assert fb.model_inputs["input_ids"].tolist() == [IDS, IDS]
-    assert fb.prompts_cpu == [r.prompt.content for r in reqs] and shared_prefix(fb.prompts_cpu) == 3
+def test_the_prefix_cache_keys_rows_by_content():
+    """Through the scheduler's block pool (one position a block) into the engine's batch: a row whose
+    audio differs shares only the text before it; a row with the first row's audio shares all but its
+    last position; the engine's batch carries those positions as each row's start."""
+    pool = BlockPool(64, 1)
+    sched = Scheduler(4, 32, blocks=pool)
+    reqs = [Request(rid=f"r{i}", prompt=PromptInput(IDS, (AudioSpan(3, _codes(seed)),)),
+                    params=SamplingParams(max_new_frames=8), seed=0) for i, seed in enumerate((0, 1, 0))]
+    for r in reqs:
+        sched.add(r)
+    so = sched.schedule()
+    assert so.is_prefill and so.requests == reqs
+    want = [0, shared_prefix([reqs[0].prompt.content, reqs[1].prompt.content]), len(IDS) - 1]
+    assert [r.blocks.cached for r in reqs] == want == [0, 3, 8]
+    kv = KVCache.paged(1, 4, 1, 32, 4, torch.float32, torch.device("cpu"), num_blocks=64, block_size=1)
+    engine = Engine(torch.nn.Identity(), kv, torch.device("cpu"), blocks=pool)
+    fb = engine.build_forward_batch(so)
+    assert fb.model_inputs["input_ids"].tolist() == [IDS] * 3 and fb.cached_cpu == want
+    assert fb.prompts_cpu == [r.prompt.content for r in reqs]
+    for r in reqs:  # each row's table, as the pool handed it out, is on the device
+        assert kv.table_gpu[r.slot, : len(r.blocks.table)].tolist() == r.blocks.table

@@ -22,7 +22,6 @@ import pytest
 import torch
 
 from omni_cli.loop import run_loop
-from omni_cli.runners import engine as engine_mod
 from omni_cli.runners.engine import FixedShapes
 from omni_cli.runners.errors import ConfigError
 from omni_cli.runners.family import AudioTurn, LoadSpec, PromptFieldError, family_class
@@ -81,7 +80,7 @@ def params(kind: str, **over) -> SamplingParams:
 
 
 def run(family: Qwen3TTS, names: list[str], p: SamplingParams, seeds=None, async_decode: bool = False) -> list:
-    sched = Scheduler(family.num_slots, MAX_SEQ)
+    sched = Scheduler.for_runner(family.runner, MAX_SEQ)
     seeds = seeds or list(range(len(names)))
     reqs = [Request(rid=n, prompt=pi, params=p, seed=s) for n, pi, s in zip(names, prompts(family, names), seeds)]
     for r in reqs:
@@ -157,14 +156,20 @@ def test_waveform_through_the_codec_stage(generated):
 
 
 def test_prefix_sharing_keeps_the_codes(monkeypatch):
-    """Rows of one voice share their prompt's prefix KV (forced on: tiny prompts never save enough);
-    their content keys hold both tracks, frames and x-vectors, so the codes stay the reference's."""
-    monkeypatch.setattr(engine_mod, "PREFIX_MIN_SAVED_TOKENS", 0)
+    """Rows of one voice share their prompt's prefix KV blocks (runners/kv_blocks.py); their content
+    keys hold both tracks, frames and x-vectors, so the codes stay the reference's."""
     family = load("base")
-    reqs = run(family, names_of("base"), params("base"))
-    assert family.runner.engine._kept is not None  # control: a prefix was shared
+    names = names_of("base")
+    sched = Scheduler.for_runner(family.runner, MAX_SEQ)
+    # each case twice in one run: the second copy of a prompt takes all but its last block from the cache
+    reqs = [Request(rid=f"{n}#{copy}", prompt=pi, params=params("base"), seed=i)
+            for copy in range(2) for i, (n, pi) in enumerate(zip(names, prompts(family, names)))]
     for r in reqs:
-        assert np.array_equal(r.frames.array, arrays(r.rid)["codes"]), r.rid
+        sched.add(r)
+    run_loop(sched, family.runner, lambda rs: None, lambda n, st: None, False)
+    assert family.runner.kv_blocks.stats.reused_positions > 0  # control: a prefix was shared
+    for r in reqs:
+        assert np.array_equal(r.frames.array, arrays(r.rid.split("#")[0])["codes"]), r.rid
 
 
 def test_fixed_decode_rows_pad_the_prefill_frame():
@@ -358,8 +363,8 @@ def test_budget_measurement_and_text_only_prompts():
     assert widest_prefill_bytes(spec, kv, family.runner.model) == 0  # the CPU keeps no budget; it ran
     extra = TalkerKVShape(t.num_hidden_layers, t.num_key_value_heads, t.head_dim, 5)
     assert extra.slot_bytes(MAX_SEQ, torch.float32) == kv.slot_bytes(MAX_SEQ, torch.float32) + 5
-    assert family.runner.engine.kv.k_gpu.shape[1] == 3  # two slots and the padding rows' spare one
-    sched = Scheduler(family.num_slots, MAX_SEQ)
+    assert family.runner.engine.kv.num_slots == 3  # two slots and the padding rows' spare one
+    sched = Scheduler.for_runner(family.runner, MAX_SEQ)
     p = prompts(family, ["vd_short_stream"])[0]
     reqs = [Request(rid="ids", prompt=list(p.ids), params=params("voice_design", max_new_frames=4), seed=0),
             Request(rid="row", prompt=p, params=params("voice_design"), seed=0)]

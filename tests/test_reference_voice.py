@@ -138,13 +138,11 @@ def test_voices_encode_fills_the_cache(voices, monkeypatch):
 
 def test_different_voices_never_share_a_prefix(voices, monkeypatch):
     """Two voices with equal transcripts and equal lengths give prompts of equal ids; only their
-    audio codes differ. Batched with prefix sharing forced on, each row must equal itself run alone."""
-    from omni_cli.runners import engine
-
+    audio codes differ. Batched (the prefix cache shares what their content has in common), each row
+    must equal itself run alone."""
     sf.write(voices / "carol.wav", _clip(1.77, 523, 7), SR)  # alice's length, other audio
     (voices / "voices.yaml").write_text("voices:\n  alice: {audio: alice.wav, text: Same words.}\n"
                                         "  carol: {audio: carol.wav, text: Same words.}\n")
-    monkeypatch.setattr(engine, "PREFIX_MIN_SAVED_TOKENS", 1)
     rows = [{"id": "a", "text": "Identical text.", "voice": "alice"},
             {"id": "c", "text": "Identical text.", "voice": "carol"}]
     res, together = _generate(voices, rows, "--temperature", 0, "--max-new-frames", 12, "--max-batch-size", 2)

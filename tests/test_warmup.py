@@ -22,7 +22,7 @@ PARAMS = SamplingParams(temperature=0.9, top_k=50, repetition_penalty=1.3, ras_w
 
 
 def _run(runner, prompts, config, async_decode: bool) -> list[Request]:
-    sched = Scheduler(runner.num_slots, config.max_seq_len)
+    sched = Scheduler.for_runner(runner, config.max_seq_len)
     reqs = [Request(rid=f"r{i}", prompt=prompts.build(t, config.system_prompt, None), params=PARAMS, seed=i)
             for i, t in enumerate(TEXTS[:7])]
     for r in reqs:

@@ -8,7 +8,7 @@ import time
 import numpy as np
 import torch
 
-from omni_cli.runners.attention import KVCache
+from omni_cli.runners.budget import KVShape
 from omni_cli.runners.device import blas_library
 from omni_cli.runners.engine import DETERMINISTIC_SHAPES, Engine
 from omni_cli.runners.higgs_audio_v2.model import HiggsAudioV2LM
@@ -50,9 +50,10 @@ def run_requests(model, n_req: int, max_batch: int, frames: int, prompt_len: int
                  async_decode: bool, device: torch.device, fixed_shapes=None) -> RunResult:
     """n_req requests of exactly `frames` frames through the scheduler loop (graphs on CUDA)."""
     cfg = model.cfg
-    kv = KVCache(cfg.num_hidden_layers, max_batch + 1, cfg.num_key_value_heads, max_seq_len, cfg.head_dim,
-                 next(model.parameters()).dtype, device)
-    engine = Engine(model, kv, device, fixed_shapes)
+    # the paged cache and its pool, as omni generate builds them (runners/budget.py)
+    kv, pool = KVShape(cfg.num_hidden_layers, cfg.num_key_value_heads, cfg.head_dim).paged(max_batch, max_seq_len, next(model.parameters()).dtype, device,
+                                                      share=fixed_shapes is None)
+    engine = Engine(model, kv, device, fixed_shapes, blocks=pool)
     if device.type == "cuda":
         engine.use_graphs()
     runner = HiggsRunner(engine, cfg, max_batch, max_seq_len, device)

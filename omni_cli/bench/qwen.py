@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from omni_cli.runners.attention import KVCache
+from omni_cli.runners.budget import KVShape
 from omni_cli.runners.device import default_dtype
 from omni_cli.runners.engine import DETERMINISTIC_SHAPES, Engine
 from omni_cli.runners.qwen3_tts.config import GenerationDefaults
@@ -52,9 +52,10 @@ def run_requests(model: Talker, n_req: int, max_batch: int, frames: int, prompt_
     """n_req rows of exactly `frames` frames through the scheduler loop (graphs on CUDA)."""
     cfg = model.cfg
     t = cfg.talker
-    kv = KVCache(t.num_hidden_layers, max_batch + 1, t.num_key_value_heads, max_seq_len, t.head_dim,
-                 model.codec_head.weight.dtype, device)
-    engine = Engine(model, kv, device, fixed_shapes)
+    # the paged cache and its pool, as omni generate builds them (runners/budget.py)
+    kv, pool = KVShape(t.num_hidden_layers, t.num_key_value_heads, t.head_dim).paged(max_batch, max_seq_len, model.codec_head.weight.dtype, device,
+                                                      share=fixed_shapes is None)
+    engine = Engine(model, kv, device, fixed_shapes, blocks=pool)
     if device.type == "cuda":
         engine.use_graphs()
     runner = Qwen3Runner(engine, cfg, GenerationDefaults(), max_batch, max_seq_len, device)

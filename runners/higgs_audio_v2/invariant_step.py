@@ -32,8 +32,9 @@ def decode_layer(layer, x: torch.Tensor, pending: Pending | None, rope_cos: torc
     kc, vc = ctx.kv.k_gpu[a.layer], ctx.kv.v_gpu[a.layer]
     x, h = add_norm(x, pending, layer.audio_input_layernorm)
     qkv = invariant_mm(h, a.qkv_weight, bias=a.qkv_bias, kind="qkv")
-    q = rope_kv_write(qkv, rope_cos, rope_sin, ctx.positions_gpu[:, 0], ctx.slots_gpu, kc, vc, a.n_heads, a.n_kv)
-    attn = decode_attention(q, kc, vc, ctx.slots_gpu, ctx.lengths_gpu, invariant=True)  # [B, H, 1, D]
+    table = ctx.kv.table_gpu
+    q = rope_kv_write(qkv, rope_cos, rope_sin, ctx.positions_gpu[:, 0], ctx.slots_gpu, kc, vc, table, a.n_heads, a.n_kv)
+    attn = decode_attention(q, kc, vc, table, ctx.slots_gpu, ctx.lengths_gpu, invariant=True)  # [B, H, 1, D]
     o_parts = invariant_mm_parts(attn.reshape(x.shape[0], -1), a.o_proj.weight, kind="o_proj")
     x, h = add_norm(x, (o_parts, a.o_proj.bias), layer.audio_post_attention_layernorm)
     g = invariant_mm(h, mlp.gate_up_weight, silu_mul=True, kind="gate_up")

@@ -165,9 +165,9 @@ class Attention(nn.Module):
 
         kc, vc = ctx.kv.k_gpu[self.layer], ctx.kv.v_gpu[self.layer]
         qkv = F.linear(x, self.qkv_weight, self.qkv_bias)
-        q = rope_kv_write(qkv, rope_cos, rope_sin, ctx.positions_gpu[:, 0], ctx.slots_gpu, kc, vc,
+        q = rope_kv_write(qkv, rope_cos, rope_sin, ctx.positions_gpu[:, 0], ctx.slots_gpu, kc, vc, ctx.kv.table_gpu,
                           self.n_heads, self.n_kv)
-        out = decode_attention(q, kc, vc, ctx.slots_gpu, ctx.lengths_gpu)  # [B, H, 1, D]
+        out = decode_attention(q, kc, vc, ctx.kv.table_gpu, ctx.slots_gpu, ctx.lengths_gpu)  # [B, H, 1, D]
         return self.o_proj(out.reshape(x.shape[0], -1))
 
     def prefill_fused(self, x: torch.Tensor, rope_cos: torch.Tensor, rope_sin: torch.Tensor,
@@ -177,7 +177,7 @@ class Attention(nn.Module):
 
         kc, vc = ctx.kv.k_gpu[self.layer], ctx.kv.v_gpu[self.layer]
         qkv = F.linear(x, self.qkv_weight, self.qkv_bias)
-        q = rope_kv_write(qkv, rope_cos, rope_sin, positions, slots, kc, vc, self.n_heads, self.n_kv)
+        q = rope_kv_write(qkv, rope_cos, rope_sin, positions, slots, kc, vc, ctx.kv.table_gpu, self.n_heads, self.n_kv)
         q = q.reshape(b, -1, self.n_heads, self.head_dim).transpose(1, 2)  # [B, H, T, D]
         out = ctx.attend_cached_causal(self.layer, q)  # [B, H, T, D]
         return self.o_proj(out.transpose(1, 2).reshape(x.shape[0], -1))
@@ -226,8 +226,8 @@ class DecoderLayer(nn.Module):
         n1, n2 = self.audio_input_layernorm, self.audio_post_attention_layernorm
         kc, vc = ctx.kv.k_gpu[a.layer], ctx.kv.v_gpu[a.layer]
         q = qkv_rope(x, a.qkv_weight, (n1.weight, n1.eps), rope_cos, rope_sin, ctx.positions_gpu[:, 0], ctx.slots_gpu,
-                     kc, vc, a.n_heads, a.n_kv)
-        attn = decode_attention(q, kc, vc, ctx.slots_gpu, ctx.lengths_gpu)  # [1, H, 1, D], contiguous
+                     kc, vc, ctx.kv.table_gpu, a.n_heads, a.n_kv)
+        attn = decode_attention(q, kc, vc, ctx.kv.table_gpu, ctx.slots_gpu, ctx.lengths_gpu)  # [1, H, 1, D]
         x = gemv(attn.reshape(1, -1), a.o_proj.weight, residual=x)
         h = gemv(x, mlp.gate_up_weight, norm=(n2.weight, n2.eps), silu_mul=True)
         return gemv(h, mlp.down_proj.weight, residual=x)

@@ -12,8 +12,8 @@ one arithmetic up to float32 summation order:
               gate/up with silu·up (runners/fused_mm.py up to 64 rows), cuBLAS down
   invariant   deterministic mode: every projection runners/invariant_mm.py, attention with the
               fixed block, so a row's bits do not depend on the rows beside it
-The layer's keys live where its caller keeps them (``StepKV``): the talker's slot cache at
-each row's position, or the predictor's per-frame buffers at the sub-step's position, where
+The layer's keys live where its caller keeps them (``StepKV``): the talker's block cache at
+each row's position, or the predictor's per-frame buffers (one block a row) at the sub-step's position, where
 rope, KV write and attention over its at most 16 keys are one kernel (runners/short_attention.py).
 """
 
@@ -30,8 +30,9 @@ from ..fusion import Pending, add_norm, fuse_linears
 class StepKV(NamedTuple):
     """Where a decode step's layers read and write keys: one query token a row."""
 
-    k_gpu: torch.Tensor  # [layers, S, KVH, L, D]
+    k_gpu: torch.Tensor  # [layers, N, KVH, BS, D]: blocks (runners/attention.py: KVCache)
     v_gpu: torch.Tensor
+    table_gpu: torch.Tensor  # [S, width] int32: each slot's blocks
     slots_gpu: torch.Tensor  # [B] int64: the row's slot in the cache
     positions_gpu: torch.Tensor  # [B] int64: rope position and write position
     lengths_gpu: torch.Tensor  # [B] int64: keys the row attends to, this one included
@@ -69,9 +70,9 @@ def _attend(a, qkv: torch.Tensor, kv: StepKV, layer: int, invariant: bool) -> to
 
         return short_attention(qkv, kv.cos_gpu, kv.sin_gpu, kv.positions_gpu, kv.slots_gpu, kv.lengths_gpu, kc, vc,
                                a.n_heads, a.n_kv, _qk_norm(a), kv.max_keys)
-    q = rope_kv_write(qkv, kv.cos_gpu, kv.sin_gpu, kv.positions_gpu, kv.slots_gpu, kc, vc, a.n_heads, a.n_kv,
-                      qk_norm=_qk_norm(a))
-    out = decode_attention(q, kc, vc, kv.slots_gpu, kv.lengths_gpu, invariant=invariant)  # [B, H, 1, D]
+    q = rope_kv_write(qkv, kv.cos_gpu, kv.sin_gpu, kv.positions_gpu, kv.slots_gpu, kc, vc, kv.table_gpu, a.n_heads,
+                      a.n_kv, qk_norm=_qk_norm(a))
+    out = decode_attention(q, kc, vc, kv.table_gpu, kv.slots_gpu, kv.lengths_gpu, invariant=invariant)  # [B, H, 1, D]
     return out.reshape(qkv.shape[0], -1)
 
 

@@ -49,6 +49,7 @@ class PredictorBuffers:
     frame_embed_gpu: torch.Tensor  # [rows, talker hidden]: their sum (the next talker step's codec input)
     # the fused path's attention indices (constants): a sub-step's row r is slot r at position p
     slots_gpu: torch.Tensor  # [rows] int64: 0..rows-1
+    table_gpu: torch.Tensor  # [rows, 1] int32: r (row r's keys are one block of G positions)
     positions_gpu: torch.Tensor  # [G, rows] int64: p
     lengths_gpu: torch.Tensor  # [G, rows] int64: p + 1
     # the frame's first forward, two tokens a row (the talker's hidden, code 0): [2 rows] int64
@@ -63,6 +64,7 @@ class PredictorBuffers:
             rows=rows, k_gpu=take(self.k_gpu, 1, rows), v_gpu=take(self.v_gpu, 1, rows),
             codes_gpu=take(self.codes_gpu, 0, rows), embeds_gpu=take(self.embeds_gpu, 0, rows),
             frame_embed_gpu=take(self.frame_embed_gpu, 0, rows), slots_gpu=self.slots_gpu[:rows],
+            table_gpu=self.table_gpu[:rows],
             positions_gpu=self.positions_gpu[:, :rows], lengths_gpu=self.lengths_gpu[:, :rows],
             first_slots_gpu=self.first_slots_gpu[: 2 * rows], first_positions_gpu=self.first_positions_gpu[: 2 * rows],
             first_lengths_gpu=self.first_lengths_gpu[: 2 * rows])
@@ -110,6 +112,7 @@ class CodePredictor(nn.Module):
             embeds_gpu=torch.zeros((rows, self.groups, self.talker_hidden), dtype=dtype, device=device),
             frame_embed_gpu=torch.zeros((rows, self.talker_hidden), dtype=dtype, device=device),
             slots_gpu=torch.arange(rows, device=device), positions_gpu=positions.contiguous().to(device),
+            table_gpu=torch.arange(rows, dtype=torch.int32, device=device)[:, None],
             lengths_gpu=(positions + 1).contiguous().to(device),
             first_slots_gpu=torch.arange(rows).repeat_interleave(2).to(device),
             first_positions_gpu=torch.tensor([0, 1]).repeat(rows).to(device),
@@ -153,7 +156,8 @@ class CodePredictor(nn.Module):
         mode = pick_mode(b * t, invariant, self.cfg.attention_bias)
         # NOTE: the first forward's two tokens a row are two programs of one launch, and the second reads
         # the first's keys: there short_attention would race (its keys come from the cache), so two kernels
-        kv = StepKV(bufs.k_gpu, bufs.v_gpu, *idx, self.rope_cos, self.rope_sin, max_keys=0 if t == 2 else self.groups)
+        kv = StepKV(bufs.k_gpu, bufs.v_gpu, bufs.table_gpu, *idx, self.rope_cos, self.rope_sin,
+                    max_keys=0 if t == 2 else self.groups)
         x, pending = decode_layers(self.model.layers, x, kv, mode)
         head = self.lm_head[start + t - 2]
         if t == 2:  # the head reads the last token of each row only

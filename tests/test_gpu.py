@@ -289,7 +289,7 @@ def test_stream_into_fills_cuda_tensors_as_safetensors_reads_them(tmp_path, monk
     from safetensors.torch import load_file
 
     import omni_cli.runners.checkpoint as checkpoint
-    from omni_cli.runners.higgs_audio_v2.family import _default_dtype
+    from omni_cli.runners.device import default_dtype
     from omni_cli.runners.higgs_audio_v2.config import HiggsConfig
     from omni_cli.runners.higgs_audio_v2.model import HiggsAudioV2LM
     from tests.reference import HiggsAudioV2ForConditionalGeneration
@@ -300,7 +300,7 @@ def test_stream_into_fills_cuda_tensors_as_safetensors_reads_them(tmp_path, monk
     HiggsAudioV2ForConditionalGeneration(tiny_lm_config(build_tokenizer())).to(torch.bfloat16).save_pretrained(
         tmp_path, max_shard_size="200KB")
     dtype = getattr(torch, model_dtype)
-    with torch.device("cuda"), _default_dtype(dtype):
+    with torch.device("cuda"), default_dtype(dtype):
         model = HiggsAudioV2LM(HiggsConfig.from_file(tmp_path / "config.json"), max_seq_len=16)
     # work still queued on the current stream when the load starts (as a model's init is): if the
     # copies did not wait for it, these NaNs would land after them

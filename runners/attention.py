@@ -58,7 +58,8 @@ def fused_kernels_available(device: torch.device) -> bool:
 
 class KVCache:
     def __init__(self, num_layers: int, num_slots: int, num_kv_heads: int, max_seq_len: int, head_dim: int,
-                 dtype: torch.dtype, device: torch.device, num_blocks: int | None = None, block_size: int | None = None):
+                 dtype: torch.dtype, device: torch.device, num_blocks: int | None = None,
+                 block_size: int | None = None):
         """One block a slot (the slot cache) unless num_blocks and block_size are given (see ``paged``)."""
         paged = num_blocks is not None
         self.block_size = block_size if paged else max_seq_len

@@ -20,6 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -84,10 +85,11 @@ class KVCache:
     def assign(self, slots: list[int], tables: list[list[int]]) -> None:
         """The row in slots[i] holds blocks tables[i] (position order); the rest of its table points at
         scratch. One copy to the device for all rows (outside the decode loop: at a prefill)."""
-        rows = torch.full((len(slots), self.table_gpu.shape[1]), self.scratch, dtype=torch.int32)
+        rows = np.full((len(slots), self.table_gpu.shape[1]), self.scratch, dtype=np.int32)
         for i, blocks in enumerate(tables):
-            rows[i, : len(blocks)] = torch.tensor(blocks, dtype=torch.int32)
-        self.table_gpu[torch.tensor(slots, device=self.table_gpu.device)] = rows.to(self.table_gpu.device)
+            rows[i, : len(blocks)] = blocks
+        dev = self.table_gpu.device
+        self.table_gpu[torch.tensor(slots, device=dev)] = torch.from_numpy(rows).to(dev)
 
     def write(self, layer: int, slots_gpu: torch.Tensor, positions_gpu: torch.Tensor, k: torch.Tensor,
               v: torch.Tensor) -> None:

@@ -32,12 +32,12 @@ import numpy as np
 BLOCK_SIZE = 16
 
 
-def block_hash(parent: int | None, content: Sequence[int]) -> int:
-    """A 63-bit BLAKE2b of the parent block's hash and the block's content keys (little-endian signed
-    64-bit each, in one update: a wave's admissions hash every prompt)."""
+def block_hash(parent: int | None, keys: bytes) -> int:
+    """A 63-bit BLAKE2b of the parent block's hash and the block's content keys (each little-endian
+    signed 64-bit)."""
     h = hashlib.blake2b(digest_size=8)
     h.update(b"root" if parent is None else parent.to_bytes(8, "little"))
-    h.update(np.asarray(content, dtype="<i8").tobytes())
+    h.update(keys)
     return int.from_bytes(h.digest(), "little") >> 1
 
 
@@ -100,8 +100,10 @@ class BlockPool:
             return self._last[1]
         parent = None
         whole = (len(content) - 1) // self.block_size
+        step = 8 * self.block_size
+        keys = np.asarray(content[: whole * self.block_size], dtype="<i8").tobytes()  # one conversion a prompt
         for b in range(whole):
-            parent = block_hash(parent, content[b * self.block_size: (b + 1) * self.block_size])
+            parent = block_hash(parent, keys[b * step: (b + 1) * step])
             out.append(parent)
         self._last = (content, out)  # the object itself kept: its id cannot be reused while here
         return out

@@ -156,3 +156,46 @@ def test_released_frames_are_gone_and_refuse_more():
             entries.array
         with pytest.raises(RuntimeError, match="released"):
             entries.append(np.zeros(8))
+
+
+def _held(sched: Scheduler) -> int:
+    """Blocks the running requests hold, counted from their own tables (shared ones once)."""
+    return len({b for r in sched.running for b in r.blocks.table})
+
+
+def test_rows_are_admitted_as_their_blocks_fit_in_queue_order():
+    """A pool of 10 blocks of 4 positions: rows of 12 positions (3 blocks) run three at once, never
+    more blocks than the pool holds; a row of 30 positions (8 blocks) waits at the head until enough
+    are free, and no row behind it overtakes it; every block comes back."""
+    from omni_cli.runners.kv_blocks import BlockPool
+
+    pool = BlockPool(10, 4)
+    sched = Scheduler(max_batch_size=8, max_seq_len=64, blocks=pool)
+    reqs = [Request(rid=f"r{i}", prompt=[100 + i] * 5, params=SamplingParams(max_new_frames=8), seed=0)
+            for i in range(4)]
+    big = Request(rid="big", prompt=[7] * 11, params=SamplingParams(max_new_frames=20), seed=0)
+    after = Request(rid="after", prompt=[9] * 5, params=SamplingParams(max_new_frames=8), seed=0)
+    for r in [*reqs, big, after]:
+        sched.add(r)
+    order, peak = [], 0
+    while sched.has_work():
+        so = sched.schedule()
+        if so.is_prefill:
+            order += [r.rid for r in so.requests]
+        assert _held(sched) <= 10 and len(sched.running) <= 3
+        peak = max(peak, len(sched.running))
+        for r in so.requests:
+            r.frames.append(np.zeros(8, dtype=np.int64))
+            if r.generation_steps >= r.params.max_new_frames:
+                sched.finish(r, "stop")
+    assert order == ["r0", "r1", "r2", "r3", "big", "after"] and peak == 3
+    assert pool.free_blocks == 10 and not pool.rows
+
+
+def test_a_row_the_pool_can_never_hold_is_rejected_at_add():
+    from omni_cli.runners.kv_blocks import BlockPool
+
+    sched = Scheduler(max_batch_size=4, max_seq_len=100, blocks=BlockPool(4, 4))  # 16 positions in all
+    with pytest.raises(ValueError, match="needs 19 KV positions; device memory holds 16"):
+        sched.add(_req(0, 10, 10))
+    sched.add(_req(1, 10, 7))  # 16 positions: fits

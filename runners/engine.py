@@ -197,12 +197,10 @@ class Engine:
         if self.deterministic:  # prefill; decode went through self.graphs above
             return self._prefill_fixed(fb)
         if fb.is_prefill and any(fb.cached_cpu):
-            logits = torch.empty(0)
-            for rows, start in self._prefill_parts(fb):
-                out = self._prefill(fb.select(rows), start)
-                if not logits.numel():
-                    logits = out.new_empty((fb.batch_size, *out.shape[1:]))
-                logits[torch.tensor(rows, device=out.device)] = out
+            parts = self._prefill_parts(fb)
+            outs = torch.cat([self._prefill(fb.select(rows), start) for rows, start in parts])
+            logits = torch.empty_like(outs)
+            logits[self._tensor([i for rows, _ in parts for i in rows])] = outs  # back in the batch's row order
             return logits if post is None else post(fb, logits)
         if fb.is_prefill:
             return self._prefill(fb, 0, post)
@@ -238,9 +236,6 @@ class Engine:
             parts.setdefault((phase, start), []).append(i)
         return [(rows, start) for (_, start), rows in sorted(parts.items())]
 
-    def _pad_slot(self) -> int:
-        return self.kv.spare_slot
-
     def _prefill_fixed(self, fb: ForwardBatch) -> torch.Tensor:
         """Prompts grouped by length bucket, in chunks of exactly `prefill_rows` rows of bucket length."""
         shapes, dev = self.fixed_shapes, self.device
@@ -261,7 +256,7 @@ class Engine:
                 mask = ((ar[None, :, None] >= ar[None, None, :]) & valid[:, None, :])[:, None].to(dev)
                 attn = AttentionContext(
                     kv=self.kv, is_prefill=True,
-                    slots_gpu=torch.cat([fb.slots_gpu[idx], torch.full((pad,), self._pad_slot(), device=dev)]),
+                    slots_gpu=torch.cat([fb.slots_gpu[idx], torch.full((pad,), self.kv.spare_slot, device=dev)]),
                     positions_gpu=ar.expand(rows, t).to(dev), mask_gpu=mask, kv_len=t, deterministic=True)
                 inputs = {}
                 for name, v in fb.model_inputs.items():

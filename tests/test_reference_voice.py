@@ -206,3 +206,23 @@ def test_verify_regenerates_voice_rows(voices):
     assert res.exit_code == 0, res.output
     res = run_cli("verify", out, "--sample", "0", "--quiet")
     assert res.exit_code == 0, res.output
+
+
+def test_deterministic_rows_sharing_a_voice_are_byte_identical_across_batch_sizes(voices):
+    """--deterministic with rows that share a voice and a row that has none: every row's wav and npz
+    are the same bytes at --max-batch-size 1 and 4 (the prefix cache shares nothing in this mode,
+    so a row's keys never come from another row's prefill shape)."""
+    import hashlib
+
+    rows = [{"id": f"a{i}", "text": t, "voice": "alice"} for i, t in enumerate(["One.", "Two words.", "Three."])]
+    rows += [{"id": "b0", "text": "Bob too.", "voice": "bob"}, {"id": "plain", "text": "No voice."}]
+    got = {}
+    for batch in (1, 4):
+        res, out = _generate(voices, rows, "--deterministic", "--seed", 3, "--max-new-frames", 12,
+                             "--max-batch-size", batch, name=f"b{batch}")
+        assert res.exit_code == 0, res.output
+        got[batch] = {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for d in ("audio", "logprobs")
+                      for p in sorted((out / d).glob("*"))}
+        assert json.loads((out / "run.json").read_text())["prefix_cache"]["reused_positions"] == 0
+    assert got[1] == got[4] and len(got[1]) == 2 * len(rows)
+    assert len(set(got[1].values())) == len(got[1])  # control: every file its own

@@ -74,7 +74,9 @@ class KVCache:
         self.paged = paged
         self.scratch = blocks - 1 if paged else None
         first = torch.full((num_slots, width), blocks - 1) if paged else torch.arange(num_slots)[:, None]
-        self.table_gpu = first.to(torch.int32).to(device)  # [S, width]
+        self.table_host = first.to(torch.int32).numpy()  # [S, width]: the host's copy (cascade plans read it)
+        self.table_gpu = torch.from_numpy(self.table_host).to(device)
+        self.assigned = 0  # how many assign calls so far (what a plan of the tables is keyed on)
         self.spare_slot = num_slots - 1  # the padding rows' slot (no request owns it)
 
     @classmethod
@@ -89,7 +91,9 @@ class KVCache:
         for i, blocks in enumerate(tables):
             rows[i, : len(blocks)] = blocks
         dev = self.table_gpu.device
+        self.table_host[slots] = rows
         self.table_gpu[torch.tensor(slots, device=dev)] = torch.from_numpy(rows).to(dev)
+        self.assigned += 1
 
     def write(self, layer: int, slots_gpu: torch.Tensor, positions_gpu: torch.Tensor, k: torch.Tensor,
               v: torch.Tensor) -> None:
@@ -140,6 +144,9 @@ class AttentionContext:
     # prefill: positions [0, prefix_len) of every row's slot already hold that row's
     # keys and values (a shared prompt prefix); this forward's queries start there
     prefix_len: int = 0
+    # decode with lengths_gpu: rows grouped by the prompt blocks they share (runners/cascade_attention.py:
+    # CascadeInputs), their shared keys attended once a group; None: every row on its own
+    cascade: object | None = None
 
     def _mask(self) -> torch.Tensor:
         if self.mask_gpu is None and self.mask_fn is not None:
@@ -160,7 +167,8 @@ class AttentionContext:
                 from .decode_attention import decode_attention
 
                 kc, vc = self.kv.k_gpu[layer], self.kv.v_gpu[layer]
-                return decode_attention(q, kc, vc, self.kv.table_gpu, self.slots_gpu, self.lengths_gpu)
+                return decode_attention(q, kc, vc, self.kv.table_gpu, self.slots_gpu, self.lengths_gpu,
+                                        cascade=self.cascade)
             keys, values = self.kv.gather(layer, self.slots_gpu, self.kv_len)
             if self.deterministic:
                 return self._blockwise(q, keys, values)

@@ -26,6 +26,8 @@ class ForwardBatch:
     # from there) and its block table (runners/kv_blocks.py); [] if not given
     cached_cpu: list[int] = field(default_factory=list)
     tables_cpu: list[list[int]] = field(default_factory=list)
+    # decode: the rows' groups by shared prompt blocks (runners/cascade_attention.py: CascadePlan), or None
+    cascade_cpu: object | None = None
 
     @property
     def batch_size(self) -> int:

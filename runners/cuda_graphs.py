@@ -21,11 +21,13 @@ bucketing logic runs, and is tested, where there is no GPU.
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from .attention import AttentionContext, KVCache, fused_kernels_available, kv_bucket
 from .device import CAPTURE_LOCK, role_stream
 from .batch import ForwardBatch
+from .kv_blocks import TILE_ROWS
 
 
 def _next_pow2(n: int) -> int:
@@ -58,21 +60,35 @@ class DecodeGraphs:
         self.model, self.kv, self.device, self.capture = model, kv, device, capture
         self.fixed_rows = fixed_rows  # deterministic mode's chunks (the CPU): always this many rows
         self.kernel = fused_kernels_available(device)  # attention reads lengths, not a mask
-        self._entries: dict[tuple, tuple] = {}  # (rows, keys, has post, post key) -> buffers, graph, outputs
+        self._entries: dict[tuple, tuple] = {}  # (rows, keys, has post, post key, cascade) -> buffers, graph, outputs
+        # steps may come with a cascade plan (runners/engine.py sets it): a bucket's first step builds both
+        # graphs, so the warm-up captures the one with a plan too, whether or not its own rows share
+        self.cascade = False
         self.pool = torch.cuda.graph_pool_handle() if capture else None
 
     def buckets(self, rows: int, kv_len: int) -> tuple[int, int]:
         keys = 0 if self.kernel else kv_bucket(kv_len, self.kv.max_seq_len)  # 0: any length
         return self.fixed_rows or _next_pow2(rows), keys
 
-    def _build(self, rows: int, k: int, deterministic: bool, inputs_like: dict[str, torch.Tensor], post):
-        """Static buffers and the padded forward; captured as a graph (with this `post`) when capturing."""
+    def _build(self, rows: int, k: int, deterministic: bool, inputs_like: dict[str, torch.Tensor], post,
+               cascade: bool = False):
+        """Static buffers and the padded forward; captured as a graph (with this `post`) when capturing.
+        cascade: the step's rows in groups by shared prompt blocks (runners/cascade_attention.py), a plan
+        copied in before each replay; the warm-up and capture run with no tiles."""
         pad_slot = self.kv.spare_slot
         st = {
             "slots": torch.full((rows,), pad_slot, dtype=torch.int64, device=self.device),
             "positions": torch.zeros(rows, 1, dtype=torch.int64, device=self.device),
             "steps": torch.zeros(rows, dtype=torch.int64, device=self.device),
         }
+        groups = None
+        if cascade:
+            from .cascade_attention import CascadeInputs
+
+            tiles = max(1, rows // 2)  # a group has g >= 2 rows in ceil(g / TILE_ROWS) <= g / 2 tiles
+            groups = CascadeInputs(torch.zeros(rows, dtype=torch.int32, device=self.device),
+                                   torch.full((tiles, TILE_ROWS), -1, dtype=torch.int32, device=self.device),
+                                   torch.zeros(tiles, dtype=torch.int32, device=self.device))
         if self.kernel:
             st["lengths"] = torch.ones(rows, dtype=torch.int64, device=self.device)
         else:
@@ -89,10 +105,11 @@ class DecodeGraphs:
         def forward(post):
             attn = AttentionContext(kv=self.kv, is_prefill=False, slots_gpu=st["slots"], positions_gpu=st["positions"],
                                     mask_gpu=st.get("mask"), kv_len=k, deterministic=deterministic,
-                                    lengths_gpu=st.get("lengths"))
+                                    lengths_gpu=st.get("lengths"), cascade=groups)
             logits = self.model.compute_logits(self.model(attn, **inputs)[:, 0], invariant=deterministic)
             return logits if post is None else post(static_fb, logits)
 
+        st["cascade"] = groups
         if not self.capture:
             return st, inputs, forward, None
         # Warm-up and capture run with every row on the padding slot, so the
@@ -109,11 +126,18 @@ class DecodeGraphs:
         """
         n = fb.batch_size
         rows, k = self.buckets(n, max(fb.lengths_cpu))
+        plan = fb.cascade_cpu if self.kernel else None
         # eager runs take this call's `post`; a graph keeps the one it was captured with
-        key = (rows, k, post is not None, post_key if self.capture else None)
+        key = (rows, k, post is not None, post_key if self.capture else None, plan is not None)
         if key not in self._entries:
-            self._entries[key] = self._build(rows, k, deterministic, fb.model_inputs, post)
+            self._entries[key] = self._build(rows, k, deterministic, fb.model_inputs, post, plan is not None)
+            other = (*key[:-1], plan is None)
+            if self.cascade and self.kernel and rows > 1 and other not in self._entries:
+                self._entries[other] = self._build(rows, k, deterministic, fb.model_inputs, post, plan is None)
         st, inputs, runner, out = self._entries[key]
+        if plan is not None and st.get("plan") is not plan:  # a new plan only when the rows changed
+            _copy_plan(plan, st["cascade"], n)
+            st["plan"] = plan
         # padding rows [n, rows) are reset (a wider step may have left a real row there); at
         # n == rows, batch 1 always, that is no kernel at all (four fewer a step)
         st["slots"][n:] = self.kv.spare_slot
@@ -138,6 +162,20 @@ class DecodeGraphs:
         if isinstance(out, dict):
             return {name: t[:n].clone() for name, t in out.items()}
         return out[:n].clone()
+
+
+def _copy_plan(plan, dst, n: int) -> None:
+    """A host plan (runners/kv_blocks.py: CascadePlan) of n rows into a graph's static CascadeInputs;
+    padding rows and tiles past the plan's get none."""
+    shared = np.zeros(dst.shared_gpu.shape[0], dtype=np.int32)
+    shared[:n] = plan.shared
+    tiles = len(plan.tile_len)
+    tile_rows = np.full(tuple(dst.tile_rows_gpu.shape), -1, dtype=np.int32)
+    tile_rows[:tiles] = plan.tile_rows
+    tile_len = np.zeros(dst.tile_len_gpu.shape[0], dtype=np.int32)
+    tile_len[:tiles] = plan.tile_len
+    for host, gpu in zip((shared, tile_rows, tile_len), dst):
+        gpu.copy_(torch.from_numpy(host), non_blocking=True)  # pageable: staged before the call returns
 
 
 # A prefill replays a graph up to this many (padded) rows x tokens. Below it the

@@ -91,12 +91,12 @@ def _values(p, alpha, v, acc, USE_DOT: tl.constexpr, PRECISION: tl.constexpr):
 
 @triton.jit
 def _decode_attention_kernel(
-    q_ptr, k_ptr, v_ptr, out_ptr, slots_ptr, lengths_ptr, table_ptr,
-    stride_qb, stride_qh, stride_ob, stride_oh, stride_tb, stride_cs, stride_ch, stride_ct,
+    q_ptr, k_ptr, v_ptr, out_ptr, slots_ptr, lengths_ptr, table_ptr, shared_ptr, m_part_ptr, l_part_ptr,
+    acc_part_ptr, stride_qb, stride_qh, stride_ob, stride_oh, stride_tb, stride_cs, stride_ch, stride_ct,
     scale,
     REP: tl.constexpr, REP_PAD: tl.constexpr, D: tl.constexpr, BLOCK: tl.constexpr, USE_DOT: tl.constexpr,
     PRECISION: tl.constexpr, BS: tl.constexpr,
-    PDL: tl.constexpr,
+    PDL: tl.constexpr, CASCADE: tl.constexpr,
 ):
     # rows > 1 in the default mode (one row: _one_row_kernel below), any rows in deterministic mode.
     # Keys are loaded before, values after the scores: loading both first, the first block outside
@@ -115,7 +115,15 @@ def _decode_attention_kernel(
     m = tl.full([REP_PAD], float("-inf"), tl.float32)
     l = tl.zeros([REP_PAD], tl.float32)
     acc = tl.zeros([REP_PAD, D], tl.float32)
-    for start in range(0, length, BLOCK):
+    begin = 0
+    if CASCADE:  # the first `begin` keys were attended by the row's group (runners/cascade_attention.py)
+        begin = tl.load(shared_ptr + row)
+        if begin > 0:
+            part = row * (REP * tl.num_programs(1)) + heads  # partials [B, H]
+            m = tl.load(m_part_ptr + part, mask=head_ok, other=float("-inf"))
+            l = tl.load(l_part_ptr + part, mask=head_ok, other=0.0)
+            acc = tl.load(acc_part_ptr + part[:, None] * D + d[None, :], mask=head_ok[:, None], other=0.0)
+    for start in range(begin, length, BLOCK):
         n = start + tl.arange(0, BLOCK)
         key_ok = n < length
         at = kv_offset(table_ptr, stride_tb, slot, n, stride_cs, stride_ct, BS, key_ok)  # [BLOCK]
@@ -236,12 +244,15 @@ def _workspace(device: torch.device, kvh: int, rep_pad: int, d: int) -> tuple[to
 
 
 def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, table: torch.Tensor,
-                     slots: torch.Tensor, lengths: torch.Tensor, invariant: bool = False) -> torch.Tensor:
+                     slots: torch.Tensor, lengths: torch.Tensor, invariant: bool = False,
+                     cascade=None) -> torch.Tensor:
     """q [B, H, 1, D]; k/v_cache one layer's blocks [N, KVH, BS, D] (contiguous); table [S, width]
     int32, each slot's blocks (runners/attention.py: KVCache); slots [B]; lengths [B] (keys per row,
     >= 1, positions 0..length-1 already written) -> [B, H, 1, D]. D a power of two.
     invariant: a row's bits whatever B (deterministic mode): the multi-row kernel at every B,
-    with INVARIANT_TILE, never the row bucket's tile nor the one-row kernel's split keys."""
+    with INVARIANT_TILE, never the row bucket's tile nor the one-row kernel's split keys.
+    cascade: runners/cascade_attention.py's CascadeInputs (rows > 1, default mode): grouped rows'
+    shared positions attended once a tile of the group, the rest per row."""
     b, h, _, d = q.shape
     kvh = k_cache.shape[1]
     rep = h // kvh
@@ -261,7 +272,14 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
             PDL=bool(early), **early)
     else:
         early = pdl_launch(q.device, b) if invariant else {}
-        _decode_attention_kernel[(b, kvh)](q, k_cache, v_cache, out, slots, lengths, table, q.stride(0), q.stride(1),
-                                           out.stride(0), out.stride(1), *strides, d ** -0.5, **shape,
-                                           PDL=bool(early), num_warps=warps, **early)
+        parts, shared = (lengths, lengths, lengths), lengths  # unread without a cascade
+        if cascade is not None and not invariant:
+            from .cascade_attention import shared_prefix
+
+            parts = shared_prefix(q, k_cache, v_cache, table, slots, cascade, block, shape["PRECISION"])
+            shared = cascade.shared_gpu
+        _decode_attention_kernel[(b, kvh)](q, k_cache, v_cache, out, slots, lengths, table, shared, *parts,
+                                           q.stride(0), q.stride(1), out.stride(0), out.stride(1), *strides,
+                                           d ** -0.5, **shape, PDL=bool(early), CASCADE=shared is not lengths,
+                                           num_warps=warps, **early)
     return out

@@ -55,6 +55,7 @@ import torch
 
 from .attention import AttentionContext, KVCache
 from .batch import ForwardBatch
+from .kv_blocks import cascade_plan
 from .kv_blocks import BlockPool
 from .cuda_graphs import DecodeGraphs, PrefillGraphs
 from .device import use_engine_blas
@@ -95,6 +96,10 @@ class Engine:
         # decodes through it; use_graphs() makes it replay CUDA graphs
         self.graphs = None
         self.prefill_graphs = None  # small prefills replay graphs too (default mode, with use_graphs())
+        # decode steps plan cascade attention (runners/cascade_attention.py): rows sharing prompt blocks,
+        # on the attention kernel, in the default mode (use_graphs sets it)
+        self.cascade = False
+        self._plan: tuple[tuple, object] | None = None  # (the tables' version and the step's slots, its plan)
         if fixed_shapes is not None:
             self.use_graphs(capture=False)
 
@@ -105,6 +110,8 @@ class Engine:
                                    fixed_rows=shapes.decode_rows if shapes else None)
         if capture and shapes is None:  # deterministic prefill keeps its fixed shapes
             self.prefill_graphs = PrefillGraphs(self.model, self.kv, self.device, self.graphs.pool)
+        self.cascade = self.graphs.kernel and shapes is None and self.blocks is not None and self.blocks.share
+        self.graphs.cascade = self.cascade
 
     @property
     def deterministic(self) -> bool:
@@ -143,6 +150,7 @@ class Engine:
             lens = [p + 1 for p in pos]
             positions = [[p] for p in pos]
             model_inputs, prompts = {}, []
+        cascade = None if scheduler_output.is_prefill or not self.cascade else self._cascade_plan(reqs, slots)
         steps = list(scheduler_output.steps)
         return ForwardBatch(
             is_prefill=scheduler_output.is_prefill,
@@ -157,7 +165,17 @@ class Engine:
             slots_cpu=slots,
             cached_cpu=cached,
             tables_cpu=tables,
+            cascade_cpu=cascade,
         )
+
+    def _cascade_plan(self, reqs, slots: list[int]):
+        """The decode step's groups by shared prompt blocks: planned again only when the rows or the
+        tables changed (an admission assigns tables), else the last plan (the same object)."""
+        key = (self.kv.assigned, tuple(slots))
+        if self._plan is None or self._plan[0] != key:
+            shareable = [len(r.blocks.hashes) if r.blocks is not None else 0 for r in reqs]
+            self._plan = (key, cascade_plan(self.kv.table_host, slots, shareable, self.kv.block_size))
+        return self._plan[1]
 
     def _batch_attention(self, fb: ForwardBatch, prefix: int = 0) -> AttentionContext:
         """The default path's attention: the batch as it is, keys up to its longest row
@@ -188,7 +206,9 @@ class Engine:
         post(batch, logits) -> dict of [rows, ...] tensors, returned instead (inside the
         step's graph where graphs are captured; ``post_key`` says which graph)."""
         if self.graphs is not None and not fb.is_prefill:
-            rows = self.graphs.fixed_rows or fb.batch_size
+            rows = self.graphs.fixed_rows
+            if rows is None:  # the whole step at once (its cascade plan with it)
+                return self.graphs.run(fb, self.deterministic, post, post_key)
             outs = [self.graphs.run(fb.rows(i, i + rows), self.deterministic, post, post_key)
                     for i in range(0, fb.batch_size, rows)]
             if post is None:

@@ -23,7 +23,7 @@ from __future__ import annotations
 import hashlib
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import NamedTuple, Sequence
 
 import numpy as np
 
@@ -204,3 +204,63 @@ class BlockPool:
             self.stats.evicted_blocks += 1
         self.refs[b] = 1
         return b
+
+
+# ---- cascade decode attention's groups (the kernels: runners/cascade_attention.py) ----
+TILE_ROWS = 16  # rows of one group a first-kernel program takes (their REP query heads each: the matrix's rows)
+# A group shares at least this many positions, or its rows run the plain kernel's way: below it the first
+# kernel's launch costs more than the keys it saves reading (BENCHMARKS.md, cascade attention)
+CASCADE_MIN_POSITIONS = 128
+
+
+class CascadePlan(NamedTuple):
+    """One step's groups, host side (numpy int32): the engine builds it, the decode graphs copy it in."""
+
+    shared: np.ndarray  # [B]: positions row i takes from its group's first part (0: none)
+    tile_rows: np.ndarray  # [T, TILE_ROWS]: the batch rows of tile t (-1 past its last)
+    tile_len: np.ndarray  # [T]: the shared positions of tile t's group
+
+
+def cascade_plan(table_host: np.ndarray, slots: list[int], shareable: list[int], block_size: int) -> CascadePlan | None:
+    """The groups of a decode step's rows, or None where no group is worth a first kernel.
+
+    table_host [S, width] each slot's blocks; slots [B] the rows' slots; shareable [B] how many of each
+    row's first blocks are prompt blocks that may be shared (runners/kv_blocks.py: RowBlocks.hashes). A
+    row's shared depth is the count of its leading shareable blocks that another row of the step holds
+    too (a row takes cached blocks from its first, so sharing is a prefix)."""
+    b = len(slots)
+    if b < 2:
+        return None
+    tables = table_host[np.asarray(slots)]  # [B, width]
+    ok = np.arange(tables.shape[1])[None, :] < np.asarray(shareable)[:, None]
+    holders = np.bincount(tables[ok], minlength=int(tables.max()) + 1)  # rows of this step holding each block
+    depth = np.cumprod(ok & (holders[tables] > 1), axis=1).sum(axis=1)  # [B] leading shared blocks
+    rows = np.flatnonzero(depth * block_size >= CASCADE_MIN_POSITIONS)
+    if len(rows) < 2:
+        return None
+    key = tables[rows, depth[rows] - 1]  # the last shared block names the group
+    order = np.lexsort((rows, key))  # by group, rows in batch order within one
+    rows, key = rows[order], key[order]
+    starts = np.flatnonzero(np.r_[True, key[1:] != key[:-1]])
+    shared = np.zeros(b, dtype=np.int32)
+    tile_rows: list[np.ndarray] = []
+    tile_len: list[int] = []
+    for g, s in enumerate(starts):
+        members = rows[s: starts[g + 1] if g + 1 < len(starts) else len(rows)]
+        d = int(depth[members[0]])
+        # NOTE: one block can end equal prefixes held in different blocks (a cached child whose parent
+        # was evicted and computed again): the first row's table is read for the group, so only rows
+        # whose tables equal it join
+        members = members[(tables[members, :d] == tables[members[0], :d]).all(axis=1)]
+        if len(members) < 2:
+            continue
+        shared[members] = d * block_size
+        for t in range(0, len(members), TILE_ROWS):
+            tile = np.full(TILE_ROWS, -1, dtype=np.int32)
+            part = members[t: t + TILE_ROWS]
+            tile[: len(part)] = part
+            tile_rows.append(tile)
+            tile_len.append(d * block_size)
+    if not tile_rows:
+        return None
+    return CascadePlan(shared, np.stack(tile_rows), np.asarray(tile_len, dtype=np.int32))

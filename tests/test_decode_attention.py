@@ -11,7 +11,7 @@ triton = pytest.importorskip("triton")
 
 @pytest.mark.parametrize("script", ["interpret_decode_attention", "interpret_fused_decode", "interpret_fused_draw",
                                     "interpret_higgs_step", "interpret_fused_codec", "interpret_invariant_decode",
-                                    "interpret_invariant_mm", "interpret_qwen3_decode"])
+                                    "interpret_invariant_mm", "interpret_qwen3_decode", "interpret_cascade_attention"])
 def test_kernels_in_interpreter(script):
     from tests import background
 
@@ -19,24 +19,37 @@ def test_kernels_in_interpreter(script):
     assert res.returncode == 0, res.stdout + res.stderr[-3000:]
 
 
-@pytest.mark.parametrize("block, warps", [(32, 2), (64, 4)])
-def test_multi_row_attention_compiles_for_hopper(block, warps):
+@pytest.mark.parametrize("block, warps, cascade", [(32, 2, False), (64, 4, False), (32, 2, True), (64, 4, True)])
+def test_multi_row_attention_compiles_for_hopper(block, warps, cascade):
     """The interpreter runs a kernel as Python, so it misses what only Triton's compiler rejects
     (a variable typed int32 before a loop and int64 inside it, in a version of this kernel, failed
     on the GPU only). Triton compiles for sm_90 without a GPU: the multi-row kernel as the engine
-    launches it (int64 slots and lengths, bf16 at the 3B shape's heads), at both of its tiles."""
+    launches it (int64 slots and lengths, bf16 at the 3B shape's heads), at both of its tiles, with and
+    without a cascade's first part; and that first part's kernel (runners/cascade_attention.py)."""
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
+    from omni_cli.runners.cascade_attention import _shared_prefix_kernel
     from omni_cli.runners.decode_attention import _decode_attention_kernel
 
+    strides = ("stride_cs", "stride_ch", "stride_ct")
     sig = {**{p: "*bf16" for p in ("q_ptr", "k_ptr", "v_ptr", "out_ptr")}, "slots_ptr": "*i64", "lengths_ptr": "*i64",
-           "table_ptr": "*i32", **{s: "i32" for s in ("stride_qb", "stride_qh", "stride_ob", "stride_oh", "stride_tb",
-                                                      "stride_cs", "stride_ch", "stride_ct")}, "scale": "fp32"}
+           "table_ptr": "*i32", "shared_ptr": "*i32", **{p: "*fp32" for p in ("m_part_ptr", "l_part_ptr", "acc_part_ptr")},
+           **{s: "i32" for s in ("stride_qb", "stride_qh", "stride_ob", "stride_oh", "stride_tb", *strides)},
+           "scale": "fp32"}
     consts = {"REP": 3, "REP_PAD": 16, "D": 128, "BLOCK": block, "USE_DOT": True, "PRECISION": "tf32", "BS": 16,
-              "PDL": False}
+              "PDL": False, "CASCADE": cascade}
     src = ASTSource(_decode_attention_kernel, {**sig, **{k: "constexpr" for k in consts}}, constexprs=consts)
-    assert triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps}).asm["cubin"]
+    target = GPUTarget("cuda", 90, 32)
+    assert triton.compile(src, target=target, options={"num_warps": warps}).asm["cubin"]
+    if cascade:
+        sig = {**{p: "*bf16" for p in ("q_ptr", "k_ptr", "v_ptr")}, "slots_ptr": "*i64", "table_ptr": "*i32",
+               "tile_rows_ptr": "*i32", "tile_len_ptr": "*i32", **{p: "*fp32" for p in ("m_ptr", "l_ptr", "acc_ptr")},
+               **{s: "i32" for s in ("stride_qb", "stride_qh", "stride_tb", *strides)}, "scale": "fp32"}
+        consts = {"H": 24, "REP": 3, "ROWS": 16, "M_PAD": 64, "D": 128, "BLOCK": block, "USE_DOT": True,
+                  "PRECISION": "tf32", "BS": 16}
+        src = ASTSource(_shared_prefix_kernel, {**sig, **{k: "constexpr" for k in consts}}, constexprs=consts)
+        assert triton.compile(src, target=target, options={"num_warps": 4}).asm["cubin"]
 
 
 @pytest.mark.parametrize("kind, rows", [("gate_up", 256), ("down", 256), ("head", 64)])

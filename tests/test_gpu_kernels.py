@@ -174,6 +174,58 @@ def test_decode_attention_through_block_tables_gives_the_slot_caches_bits_on_cud
         assert torch.equal(got, want), (rows, invariant)
 
 
+@pytest.mark.parametrize("rows", [64, 256])
+def test_cascade_decode_attention_against_float64_on_cuda(rows):
+    """Cascade attention (runners/cascade_attention.py) at the 3B head shape in bf16: rows in 4 groups
+    sharing 256 positions of a voice (16 blocks) plus a few rows sharing nothing, each row with its own
+    1 to 200 positions after; the plan built as the engine builds it. Every row within bf16 rounding of
+    float64 attention over its own keys, as close as the per-row kernel is, and the rows outside any
+    group bit for bit the per-row kernel's."""
+    import numpy as np
+    import torch
+
+    from omni_cli.runners.cascade_attention import to_device
+    from omni_cli.runners.decode_attention import decode_attention
+    from omni_cli.runners.kv_blocks import cascade_plan
+
+    dev, g = torch.device("cuda"), torch.Generator().manual_seed(rows)
+    kvh, h, d, bs = 8, 24, 128, 16
+    own = torch.randint(1, 201, (rows,), generator=g).tolist()
+    voice = [i % 4 if i < rows - 4 else None for i in range(rows)]  # the last 4 rows share nothing
+    nxt, tables, lengths = 4 * 16, [], []
+    for i in range(rows):
+        head = list(range(voice[i] * 16, voice[i] * 16 + 16)) if voice[i] is not None else []
+        n = len(head) * bs + own[i]
+        fresh = -(-n // bs) - len(head)
+        tables.append(head + list(range(nxt, nxt + fresh)))
+        nxt += fresh
+        lengths.append(n)
+    width = max(map(len, tables))
+    table = np.full((rows + 1, width), nxt, dtype=np.int32)
+    slots = torch.randperm(rows, generator=g)
+    for i, t in enumerate(tables):
+        table[slots[i], : len(t)] = t
+    kb, vb = (torch.randn(nxt + 1, kvh, bs, d, generator=g).to(torch.bfloat16) for _ in range(2))
+    q = torch.randn(rows, h, 1, d, generator=g).to(torch.bfloat16)
+    plan = cascade_plan(table, slots.tolist(), [len(t) for t in tables], bs)
+    assert plan is not None and (plan.shared[: rows - 4] == 256).all() and not plan.shared[rows - 4:].any()
+    args = [x.to(dev) for x in (q, kb, vb, torch.from_numpy(table), slots, torch.tensor(lengths))]
+    plain = decode_attention(*args)
+    got = decode_attention(*args, cascade=to_device(plan, dev))
+    errs = []
+    for out in (plain, got):
+        worst = 0.0
+        for i in range(rows):
+            blocks = torch.from_numpy(table[int(slots[i]), : -(-lengths[i] // bs)]).long()
+            k = kb[blocks].transpose(0, 1).reshape(kvh, -1, d)[:, : lengths[i]].double().repeat_interleave(3, 0)
+            v = vb[blocks].transpose(0, 1).reshape(kvh, -1, d)[:, : lengths[i]].double().repeat_interleave(3, 0)
+            want = torch.softmax(q[i].double() @ k.transpose(-1, -2) * d ** -0.5, -1) @ v  # [H, 1, D]
+            worst = max(worst, float((out[i].cpu().double() - want).abs().max() / want.abs().max()))
+        errs.append(worst)
+    assert errs[1] < 2e-2 and errs[1] < 2 * errs[0] + 1e-3, errs  # bf16 outputs: a few ulps of the largest
+    assert torch.equal(got[rows - 4:], plain[rows - 4:])
+
+
 def test_one_row_decode_attention_on_cuda():
     """The one-row attention kernel (keys split over programs, merged by the last to finish,
     launched early) against float64 attention at the 3B head shape, in bf16. Twenty calls back to

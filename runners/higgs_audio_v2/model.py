@@ -167,7 +167,8 @@ class Attention(nn.Module):
         qkv = F.linear(x, self.qkv_weight, self.qkv_bias)
         q = rope_kv_write(qkv, rope_cos, rope_sin, ctx.positions_gpu[:, 0], ctx.slots_gpu, kc, vc, ctx.kv.table_gpu,
                           self.n_heads, self.n_kv)
-        out = decode_attention(q, kc, vc, ctx.kv.table_gpu, ctx.slots_gpu, ctx.lengths_gpu)  # [B, H, 1, D]
+        out = decode_attention(q, kc, vc, ctx.kv.table_gpu, ctx.slots_gpu, ctx.lengths_gpu,
+                               cascade=ctx.cascade)  # [B, H, 1, D]
         return self.o_proj(out.reshape(x.shape[0], -1))
 
     def prefill_fused(self, x: torch.Tensor, rope_cos: torch.Tensor, rope_sin: torch.Tensor,

@@ -39,6 +39,7 @@ class StepKV(NamedTuple):
     cos_gpu: torch.Tensor  # [L, D] float32 rope tables
     sin_gpu: torch.Tensor
     max_keys: int = 0  # > 0: no row has more keys (the predictor's frame): one kernel rotates and attends
+    cascade: object | None = None  # rows' shared prompt blocks (runners/cascade_attention.py: CascadeInputs)
 
 
 def fuse_layer(layer: nn.Module) -> None:
@@ -72,7 +73,8 @@ def _attend(a, qkv: torch.Tensor, kv: StepKV, layer: int, invariant: bool) -> to
                                a.n_heads, a.n_kv, _qk_norm(a), kv.max_keys)
     q = rope_kv_write(qkv, kv.cos_gpu, kv.sin_gpu, kv.positions_gpu, kv.slots_gpu, kc, vc, kv.table_gpu, a.n_heads,
                       a.n_kv, qk_norm=_qk_norm(a))
-    out = decode_attention(q, kc, vc, kv.table_gpu, kv.slots_gpu, kv.lengths_gpu, invariant=invariant)  # [B, H, 1, D]
+    out = decode_attention(q, kc, vc, kv.table_gpu, kv.slots_gpu, kv.lengths_gpu, invariant=invariant,
+                           cascade=kv.cascade)  # [B, H, 1, D]
     return out.reshape(qkv.shape[0], -1)
 
 

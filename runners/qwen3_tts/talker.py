@@ -179,8 +179,7 @@ class Talker(nn.Module):
         text = linear(F.silu(linear(self.model.text_embedding(text_ids), p.linear_fc1, mode, kind="qkv")),
                       p.linear_fc2, mode, kind="qkv")
         kv = StepKV(ctx.kv.k_gpu, ctx.kv.v_gpu, ctx.kv.table_gpu, ctx.slots_gpu, ctx.positions_gpu[:, 0],
-                    ctx.lengths_gpu,
-                    self.rope_cos, self.rope_sin)
+                    ctx.lengths_gpu, self.rope_cos, self.rope_sin, cascade=ctx.cascade)
         x, pending = decode_layers(self.model.layers, frame_embed + text, kv, mode)
         return final_norm(x, pending, self.model.norm)[:, None]
 

@@ -28,9 +28,9 @@ import torch
 import triton
 import triton.language as tl
 
-from .decode_attention import _scores, _values
 from .fused_ops import kv_offset
 from .kv_blocks import TILE_ROWS, CascadePlan
+from .online_softmax import _scores, _values
 
 
 class CascadeInputs(NamedTuple):

@@ -41,7 +41,9 @@ import triton
 import triton.language as tl
 
 from .device import pdl_launch
+from .cascade_attention import shared_prefix
 from .fused_ops import _wait_predecessor, kv_offset
+from .online_softmax import _scores, _values
 
 BLOCK_N = 64  # keys per loop iteration (the multi-row kernel: _tile)
 INVARIANT_TILE = (BLOCK_N, 4)  # (keys a loop step, warps) of deterministic mode at every row count
@@ -62,31 +64,6 @@ def _tile(programs: int, device: torch.device) -> tuple[int, int]:
         return BLOCK_N, 4
     sms = torch.cuda.get_device_properties(device).multi_processor_count
     return (32, 2) if sms < programs <= 4 * sms else (BLOCK_N, 4)
-
-
-@triton.jit
-def _scores(q, k, key_ok, m, l, scale, USE_DOT: tl.constexpr, PRECISION: tl.constexpr):
-    """One block of keys into the online softmax: q [REP_PAD, D]; k [BLOCK, D]; key_ok [BLOCK];
-    m, l [REP_PAD] float32 -> (m, l updated; p [REP_PAD, BLOCK]; alpha [REP_PAD], the old terms' factor)."""
-    if USE_DOT:
-        s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale  # [REP_PAD, BLOCK] float32
-    else:  # head_dim < 16 (test models): tl.dot needs K >= 16
-        s = tl.sum(q.to(tl.float32)[:, None, :] * k.to(tl.float32)[None, :, :], 2) * scale
-    s = tl.where(key_ok[None, :], s, float("-inf"))
-    m_new = tl.maximum(m, tl.max(s, 1))
-    alpha = tl.exp(m - m_new)
-    p = tl.exp(s - m_new[:, None])
-    return m_new, l * alpha + tl.sum(p, 1), p, alpha
-
-
-@triton.jit
-def _values(p, alpha, v, acc, USE_DOT: tl.constexpr, PRECISION: tl.constexpr):
-    """acc [REP_PAD, D] float32 rescaled by alpha, plus p [REP_PAD, BLOCK] @ v [BLOCK, D]."""
-    if USE_DOT:
-        pv = tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
-    else:
-        pv = tl.sum(p.to(v.dtype).to(tl.float32)[:, :, None] * v.to(tl.float32)[None, :, :], 1)
-    return acc * alpha[:, None] + pv
 
 
 @triton.jit
@@ -274,8 +251,6 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
         early = pdl_launch(q.device, b) if invariant else {}
         parts, shared = (lengths, lengths, lengths), lengths  # unread without a cascade
         if cascade is not None and not invariant:
-            from .cascade_attention import shared_prefix
-
             parts = shared_prefix(q, k_cache, v_cache, table, slots, cascade, block, shape["PRECISION"])
             shared = cascade.shared_gpu
         _decode_attention_kernel[(b, kvh)](q, k_cache, v_cache, out, slots, lengths, table, shared, *parts,

@@ -219,3 +219,40 @@ def test_shared_prefix_prefill_matches_transformers(models, monkeypatch):
         err, peer_err = _rel(logits[row], want.flatten()), _rel(peer_logits.flatten(), want.flatten())
         print(f"\nrow {row}: shared-prefix prefill {err:.2e} off float32, transformers bf16 {peer_err:.2e}")
         assert err < REL_BOUND and err <= 1.5 * peer_err
+
+
+def test_decode_with_cascade_attention_matches_the_per_row_kernel(models):
+    """Rows sharing a 150-token prompt prefix (9 cached blocks) decode through the captured graphs with
+    their cascade plan (runners/cascade_attention.py): the shared keys attended once a group. Each
+    step's logits within bf16 rounding of the same step without a plan (the per-row kernel, held to
+    transformers by the tests above), over steps that rewrite the same positions."""
+    from omni_cli.runners.attention import KVCache
+    from omni_cli.runners.engine import Engine
+    from omni_cli.runners.kv_blocks import BlockPool
+    from omni_cli.runners.sampling.params import SamplingParams
+    from omni_cli.scheduler import Request, Scheduler
+
+    cfg, _, _, ours = models
+    prefix = _prompt(cfg, 151, 3)[:-1]
+    prompts = [prefix + _prompt(cfg, n, 20 + n) for n in (9, 30, 17)]
+    pool = BlockPool(64, 16)
+    kv = KVCache.paged(cfg.num_hidden_layers, 4, cfg.num_key_value_heads, 512, cfg.head_dim, torch.bfloat16, DEV,
+                       num_blocks=64, block_size=16)
+    engine = Engine(ours, kv, DEV, blocks=pool)
+    engine.use_graphs()
+    assert engine.cascade
+    sched = Scheduler(3, 512, blocks=pool)
+    for i, p in enumerate(prompts):
+        sched.add(Request(rid=f"r{i}", prompt=p, params=SamplingParams(max_new_frames=8), seed=0))
+    engine.forward(engine.build_forward_batch(sched.schedule()))
+    g = torch.Generator(device=DEV).manual_seed(0)
+    for step in range(3):
+        fb = engine.build_forward_batch(sched.schedule())
+        assert fb.cascade_cpu is not None and fb.cascade_cpu.shared.tolist() == [144] * 3
+        fb.model_inputs = {"audio_codes": torch.randint(0, cfg.codebook_size, (3, 1, cfg.num_codebooks),
+                                                        generator=g, device=DEV)}
+        with_plan = engine.forward(fb).float()
+        plain = engine.forward(dataclasses.replace(fb, cascade_cpu=None)).float()
+        err = _rel(with_plan.flatten(), plain.flatten())
+        print(f"\nstep {step}: cascade against the per-row kernel {err:.2e}")
+        assert err < REL_BOUND

@@ -249,12 +249,12 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
             PDL=bool(early), **early)
     else:
         early = pdl_launch(q.device, b) if invariant else {}
-        parts, shared = (lengths, lengths, lengths), lengths  # unread without a cascade
-        if cascade is not None and not invariant:
-            parts = shared_prefix(q, k_cache, v_cache, table, slots, cascade, block, shape["PRECISION"])
-            shared = cascade.shared_gpu
+        grouped = cascade is not None and not invariant
+        # without a cascade the kernel reads neither the shared lengths nor the partials (any tensor will do)
+        shared, parts = (cascade.shared_gpu, shared_prefix(q, k_cache, v_cache, table, slots, cascade, block,
+                                                           shape["PRECISION"])) if grouped else (lengths, (q, q, q))
         _decode_attention_kernel[(b, kvh)](q, k_cache, v_cache, out, slots, lengths, table, shared, *parts,
                                            q.stride(0), q.stride(1), out.stride(0), out.stride(1), *strides,
-                                           d ** -0.5, **shape, PDL=bool(early), CASCADE=shared is not lengths,
+                                           d ** -0.5, **shape, PDL=bool(early), CASCADE=grouped,
                                            num_warps=warps, **early)
     return out

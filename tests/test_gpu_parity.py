@@ -182,22 +182,15 @@ def test_greedy_codes_match_transformers_for_50_frames(models, teacher_forced):
         assert (margin < tie).all(), (r.rid, first, margin, tie)
 
 
-def test_shared_prefix_prefill_matches_transformers(models, monkeypatch):
-    """A prefill whose prompts share a prefix, on the paged cache (runners/kv_blocks.py): the first
-    row runs its whole prompt (a graph replay), the other two reuse its prefix blocks and run their
-    own tokens on the fused path over those keys, a phase later. Each row's logits against the
-    oracle run on its whole prompt, as the test above."""
-    from omni_cli.runners import cuda_graphs
+def _paged_engine(cfg, ours, prompts: list[list[int]]):
+    """Our bf16 model on a paged cache of 16-position blocks with graphs, and a scheduler holding the
+    prompts (8 frames each) -> (engine, scheduler)."""
     from omni_cli.runners.attention import KVCache
     from omni_cli.runners.engine import Engine
     from omni_cli.runners.kv_blocks import BlockPool
     from omni_cli.runners.sampling.params import SamplingParams
     from omni_cli.scheduler import Request, Scheduler
 
-    cfg, oracle, peer, ours = models
-    monkeypatch.setattr(cuda_graphs, "PREFILL_GRAPH_TOKENS", 64)  # the first row (64 tokens) replays a graph
-    prefix = _prompt(cfg, 48, 7)[:-1]
-    prompts = [prefix + _prompt(cfg, n, 10 + n) for n in (17, 5, 34)]
     pool = BlockPool(64, 16)
     kv = KVCache.paged(cfg.num_hidden_layers, 4, cfg.num_key_value_heads, 512, cfg.head_dim, torch.bfloat16, DEV,
                        num_blocks=64, block_size=16)
@@ -206,6 +199,21 @@ def test_shared_prefix_prefill_matches_transformers(models, monkeypatch):
     sched = Scheduler(3, 512, blocks=pool)
     for i, p in enumerate(prompts):
         sched.add(Request(rid=f"r{i}", prompt=p, params=SamplingParams(max_new_frames=8), seed=0))
+    return engine, sched
+
+
+def test_shared_prefix_prefill_matches_transformers(models, monkeypatch):
+    """A prefill whose prompts share a prefix, on the paged cache (runners/kv_blocks.py): the first
+    row runs its whole prompt (a graph replay), the other two reuse its prefix blocks and run their
+    own tokens on the fused path over those keys, a phase later. Each row's logits against the
+    oracle run on its whole prompt, as the test above."""
+    from omni_cli.runners import cuda_graphs
+
+    cfg, oracle, peer, ours = models
+    monkeypatch.setattr(cuda_graphs, "PREFILL_GRAPH_TOKENS", 64)  # the first row (64 tokens) replays a graph
+    prefix = _prompt(cfg, 48, 7)[:-1]
+    prompts = [prefix + _prompt(cfg, n, 10 + n) for n in (17, 5, 34)]
+    engine, sched = _paged_engine(cfg, ours, prompts)
     so = sched.schedule()
     assert [r.blocks.cached for r in so.requests] == [0, 32, 32]  # two whole blocks of the 47-token prefix
     fb = engine.build_forward_batch(so)
@@ -226,24 +234,12 @@ def test_decode_with_cascade_attention_matches_the_per_row_kernel(models):
     their cascade plan (runners/cascade_attention.py): the shared keys attended once a group. Each
     step's logits within bf16 rounding of the same step without a plan (the per-row kernel, held to
     transformers by the tests above), over steps that rewrite the same positions."""
-    from omni_cli.runners.attention import KVCache
-    from omni_cli.runners.engine import Engine
-    from omni_cli.runners.kv_blocks import BlockPool
-    from omni_cli.runners.sampling.params import SamplingParams
-    from omni_cli.scheduler import Request, Scheduler
 
     cfg, _, _, ours = models
     prefix = _prompt(cfg, 151, 3)[:-1]
     prompts = [prefix + _prompt(cfg, n, 20 + n) for n in (9, 30, 17)]
-    pool = BlockPool(64, 16)
-    kv = KVCache.paged(cfg.num_hidden_layers, 4, cfg.num_key_value_heads, 512, cfg.head_dim, torch.bfloat16, DEV,
-                       num_blocks=64, block_size=16)
-    engine = Engine(ours, kv, DEV, blocks=pool)
-    engine.use_graphs()
+    engine, sched = _paged_engine(cfg, ours, prompts)
     assert engine.cascade
-    sched = Scheduler(3, 512, blocks=pool)
-    for i, p in enumerate(prompts):
-        sched.add(Request(rid=f"r{i}", prompt=p, params=SamplingParams(max_new_frames=8), seed=0))
     engine.forward(engine.build_forward_batch(sched.schedule()))
     g = torch.Generator(device=DEV).manual_seed(0)
     for step in range(3):

@@ -40,7 +40,7 @@ from omni_cli.scheduler import Request, Scheduler
 from omni_cli.shard import Shard
 from omni_cli.signals import SignalGuard, exit_code
 from omni_cli.validate import check_inputs, encode_each
-from omni_cli.voices import attach_references, too_long
+from omni_cli.voices import attach_references, encodes_any, queue_order, too_long
 from omni_cli.warmup import warm_up_lm
 
 # exit codes (cli.py's --help and README's table say the same)
@@ -142,6 +142,8 @@ def nothing_ran(total: int, code: int) -> RunSummary:
 def _run(opts: GenerateOptions, config: ModelConfig, base_params: SamplingParams, rows: list[PromptRow],
          family: type[ModelFamily], clips: dict, t: dict, guard: SignalGuard, io: LocalIO) -> RunSummary:
     spec = load_spec(config, opts)
+    if encodes_any(family, spec, clips):  # the encoder loads with the model, not in the generate phase
+        spec = replace(spec, encode_references=True)
     model = io.load(family, spec)
     t["loaded"] = time.perf_counter()
     references = attach_references(rows, model, clips)
@@ -317,9 +319,10 @@ def _queue(rows: list[PromptRow], model: ModelFamily, config: ModelConfig, base_
                 kept[r.row] = _kept_line(before, r.row)
                 continue
         rendered.append((r, system, params, text, digest, texts))
-    # rows of one voice queue together (input order within it): a prefill batch then shares the
-    # voice's prompt prefix in the KV cache, computed once (runners/engine.py: _share_prefix)
-    rendered.sort(key=lambda x: x[0].reference[1] if x[0].reference is not None else "")
+    # the first row of each voice queues first, then the rest of each voice together (input order
+    # within it): the first prefills compute every voice's prompt prefix side by side, one forward for
+    # each first uncached position (runners/engine.py: _prefill_parts), and later rows reuse them
+    rendered.sort(key=queue_order([x[0] for x in rendered]))
     for (r, system, params, _, digest, texts), prompt in zip(rendered, encode_each(model, [x[3] for x in rendered])):
         if isinstance(prompt, Exception):
             rejected.append((r, f"row {r.row}, field 'text': tokenizing it failed: {type(prompt).__name__}: {prompt}"))

@@ -136,6 +136,22 @@ def codec_key(model) -> str:
     return model.codec_identity(store=cache_root() / "codec-identities").replace("sha256:", "")[:32]
 
 
+def encodes_any(family, spec, clips: dict[str, Clip]) -> bool:
+    """Before the load: whether a clip has no codes in the cache, so that the family loads its
+    encoder with the model (runners/family.py: LoadSpec.encode_references) instead of at the first
+    encode, inside the generate phase. Keyed as codec_key keys the loaded model's."""
+    from omni_cli.runners.digest import files_digest
+
+    if not clips:
+        return False
+    try:
+        files = family.codec_files_of(spec)
+    except NotImplementedError:
+        return False
+    folder = cache_dir() / files_digest(files, cache_root() / "codec-identities")[:32]
+    return any(not (folder / f"{sha}.npy").is_file() for sha in clips)
+
+
 @dataclass
 class EncodeStats:
     distinct: int = 0  # distinct references the run's rows use
@@ -244,6 +260,21 @@ def attach_references(rows: list, model, clips: dict[str, Clip]) -> EncodeStats:
             continue
         r.context = (AudioTurn(voice.text, got, speaker),)
     return stats
+
+
+def queue_order(rows: list):
+    """The job's queue order, as a sort key of (row, ...) entries: the first row of each voice,
+    then the others by voice (rows without one: voice ""); sort is stable, so input order within."""
+    first = {}
+    for r in rows:
+        if r.reference is not None:
+            first.setdefault(r.reference[1], id(r))
+
+    def key(entry) -> tuple[int, str]:
+        voice = entry[0].reference[1] if entry[0].reference is not None else ""
+        return (0 if first.get(voice) == id(entry[0]) else 1, voice)
+
+    return key
 
 
 def too_long(r, prompt_len: int, ref_frames: int, max_new_frames: int, max_seq_len: int,

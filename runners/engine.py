@@ -40,8 +40,8 @@ Shared prompt prefixes (runners/kv_blocks.py): with a block pool, a row admitted
 with the first P positions of its prompt already in cached blocks (its block
 table points at them) runs only positions P.. of its prompt. Rows of one
 prefill may depend on each other: a row that reuses blocks another row of the
-same prefill computes runs after that row (its phase), and rows of one phase
-and one P run as one forward. Every key a query sees is the one the row's own
+same prefill computes (at a smaller P) runs after it; rows of one P run as one
+forward, in order of P. Every key a query sees is the one the row's own
 whole prefill would have written, up to the rounding of a different batch
 shape; deterministic mode shares nothing (its pool hands out fresh blocks only).
 """
@@ -243,18 +243,15 @@ class Engine:
 
     def _prefill_parts(self, fb: ForwardBatch) -> list[tuple[list[int], int]]:
         """A prefill whose rows reuse cached blocks, as forwards in the order they must run: (rows,
-        their first uncached position). A row whose cached blocks another row of this prefill writes
-        (both admitted together: the first computes a voice, the rest reuse it) runs a phase after
-        that row; rows of one phase and one start run together."""
-        bs = self.kv.block_size
-        writer: dict[int, int] = {}  # block -> the phase of the row of this prefill that writes it
-        parts: dict[tuple[int, int], list[int]] = {}
-        for i, (table, start, n) in enumerate(zip(fb.tables_cpu, fb.cached_cpu, fb.lengths_cpu)):
-            phase = max((writer[b] + 1 for b in table[: start // bs] if b in writer), default=0)
-            for b in table[start // bs: -(-n // bs)]:
-                writer[b] = phase
-            parts.setdefault((phase, start), []).append(i)
-        return [(rows, start) for (_, start), rows in sorted(parts.items())]
+        their first uncached position), by that position ascending. A row writes positions from its
+        start on and reads cached blocks below it, so a block it reads that another row of this
+        prefill writes (both admitted together: the first computes a voice, the rest reuse it) comes
+        from a row of a smaller start, whose forward runs first; rows of one start never read each
+        other's blocks (whole blocks are cached), so they run as one forward."""
+        parts: dict[int, list[int]] = {}
+        for i, start in enumerate(fb.cached_cpu):
+            parts.setdefault(start, []).append(i)
+        return sorted(((rows, start) for start, rows in parts.items()), key=lambda part: part[1])
 
     def _prefill_fixed(self, fb: ForwardBatch) -> torch.Tensor:
         """Prompts grouped by length bucket, in chunks of exactly `prefill_rows` rows of bucket length."""

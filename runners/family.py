@@ -57,6 +57,9 @@ class LoadSpec:
     max_seq_len: int  # KV positions a slot
     deterministic: bool  # batch-invariant shapes (runners/engine.py)
     raw_logprobs: bool = False  # also report the unprocessed model logprobs
+    # some row's reference has no codes in the job's cache: the encoder loads with the model (beside
+    # its weights where the family can, and before the KV budget, which then counts its memory)
+    encode_references: bool = False
 
 
 @dataclass(frozen=True)
@@ -253,6 +256,11 @@ class ModelFamily(abc.ABC):
         """The files whose bytes make the codec (its config, then the weight files it loads), in a
         fixed order: what ``codec_identity`` hashes."""
         raise NotImplementedError(f"{type(self).__name__} does not encode reference audio")
+
+    @classmethod
+    def codec_files_of(cls, spec: LoadSpec) -> list[Path]:
+        """codec_files from the spec alone, before loading (the job's voice cache is keyed on them)."""
+        raise NotImplementedError(f"{cls.__name__} does not encode reference audio")
 
     def codec_identity(self, store: Path | None = None) -> str:
         """A stable name of the codec's weights and config, "sha256:" + runners/digest.py's digest of

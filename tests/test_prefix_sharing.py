@@ -135,6 +135,28 @@ def test_rows_admitted_together_compute_a_shared_prefix_once(model, monkeypatch)
     assert p.pool.stats.reused_positions == 60 and p.pool.stats.prefilled_positions == sum(map(len, prompts)) - 60
 
 
+def test_rows_reusing_prefixes_of_two_depths_run_one_forward_a_start(model, monkeypatch):
+    """A system prompt and two voices after it, admitted in one prefill: row A computes the system
+    prompt and voice X, row B reuses A's system blocks and computes voice Y, rows C and D reuse
+    A's and B's voices. Three forwards, by first uncached position (C and D together, though
+    their voices come from different rows), and logits, keys and values as the whole prompts'."""
+    g = torch.Generator().manual_seed(5)
+    system, vx, vy = _random(g, 9), _random(g, 12), _random(g, 12)
+    prompts = [system + vx + _random(g, 5), system + vy + _random(g, 3), system + vx + _random(g, 7),
+               system + vy + _random(g, 2)]
+    want, kv_whole = _whole(model, prompts, 0)
+    p = Paged(model, monkeypatch)
+    reqs, logits = p.prefill(prompts, "r")
+    assert [r.blocks.cached for r in reqs] == [0, 8, 20, 20]
+    assert p.widths == [26, 24 - 8, 28 - 20]
+    torch.testing.assert_close(logits, want[0], atol=1e-5, rtol=1e-5)
+    n = [len(x) for x in prompts]
+    whole = [[t[0][i, :, : n[i]] for i in range(4)] for t in (kv_whole.k_gpu, kv_whole.v_gpu)]
+    for ours, theirs in zip(p.rows_kv(reqs, n), whole):
+        for a, b in zip(ours, theirs):
+            torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+
+
 def test_a_later_prefill_reuses_the_cached_blocks_after_their_rows_finished(model, monkeypatch):
     """Rows of a second prefill, admitted after every row of the first has finished, take the cached
     blocks of the prefix (their only holder is the cache) and run only their own tokens; a prompt

@@ -116,10 +116,13 @@ def test_a_voice_is_encoded_once_and_then_read_from_the_cache(voices, monkeypatc
     assert calls == [1]  # 50 rows, one clip through the encoder
     run = json.loads((out / "run.json").read_text())
     assert run["references"] == {"distinct": 1, "encoded": 1, "cached": 0}
+    assert "encoder_s" in run["timings"]["load_phases"]  # a clip the cache lacked: the encoder loaded with the model
     res, out2 = _generate(voices, rows[:3], "--max-new-frames", 9, "--deterministic", "--seed", 1, name="again")
     assert res.exit_code == 0, res.output
     assert calls == [1]  # the second run never ran the encoder
-    assert json.loads((out2 / "run.json").read_text())["references"] == {"distinct": 1, "encoded": 0, "cached": 1}
+    run2 = json.loads((out2 / "run.json").read_text())
+    assert run2["references"] == {"distinct": 1, "encoded": 0, "cached": 1}
+    assert "encoder_s" not in run2["timings"]["load_phases"]  # every clip cached: no encoder loaded
     # the cached codes are the same codes: the rows' files are byte-identical to the first run's
     for rid in ("r0", "r1", "r2"):
         assert (out / f"audio/{rid}.wav").read_bytes() == (out2 / f"audio/{rid}.wav").read_bytes()
@@ -226,3 +229,24 @@ def test_deterministic_rows_sharing_a_voice_are_byte_identical_across_batch_size
         assert json.loads((out / "run.json").read_text())["prefix_cache"]["reused_positions"] == 0
     assert got[1] == got[4] and len(got[1]) == 2 * len(rows)
     assert len(set(got[1].values())) == len(got[1])  # control: every file its own
+
+
+def test_the_queue_takes_each_voices_first_row_then_each_voice_together():
+    """omni_cli/voices.py: queue_order, as the job sorts rows: the first row of every voice first
+    (their prefixes computed side by side), then every voice's other rows together, input order
+    kept within a voice; rows without a reference form one group."""
+    from types import SimpleNamespace
+
+    from omni_cli.voices import queue_order
+
+    voices = ["b", None, "a", "b", "c", None, "a", "b"]
+    rows = [SimpleNamespace(i=i, reference=None if v is None else (object(), v)) for i, v in enumerate(voices)]
+    entries = sorted([(r, "rest of the entry") for r in rows], key=queue_order(rows))
+    order = [e[0].i for e in entries]
+    firsts = {v: voices.index(v) for v in ("a", "b", "c")}
+    assert sorted(order[:3]) == sorted(firsts.values())  # one first row a voice, ahead of every other row
+    rest = order[3:]
+    assert sorted(rest) == sorted(set(range(8)) - set(firsts.values()))
+    for v in ("a", "b", None):  # each voice's other rows contiguous, in input order
+        at = [k for k, i in enumerate(rest) if voices[i] == v]
+        assert at == list(range(at[0], at[0] + len(at))) and [rest[k] for k in at] == sorted(rest[k] for k in at)

@@ -262,10 +262,16 @@ class HiggsCodecEncoder(nn.Module):
     @classmethod
     def load(cls, folder: Path, dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu",
              expect_quantizers: int | None = None) -> "HiggsCodecEncoder":
-        folder = Path(folder)
-        config, state = read_codec(folder, PREFIXES)  # either released layout, in transformers' form
-        return cls.from_state(config, state, dtype, device,
-                              expect_quantizers, folder)
+        config, state = cls.read(folder)
+        return cls.from_state(config, state, dtype, device, expect_quantizers, Path(folder))
+
+    @staticmethod
+    def read(folder: Path) -> tuple[dict, dict[str, torch.Tensor]]:
+        """The codec's config and the encoder's tensors on the host (either released layout, in
+        transformers' form), and HuBERT's module imported: what a load can do off the main thread."""
+        import transformers.models.hubert.modeling_hubert  # noqa: F401  (imported off the main thread too)
+
+        return read_codec(Path(folder), PREFIXES)
 
     def _semantic(self, audio: torch.Tensor) -> torch.Tensor:
         """audio [B, 1, T] -> HuBERT's layer-averaged features [B, T', semantic hidden]."""

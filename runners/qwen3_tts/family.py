@@ -93,6 +93,13 @@ class Qwen3TTS(ModelFamily):
         laps("weights_s")
         codec = load_codec(folder, cfg, codec_cfg, spec.dtype, spec.device)
         laps("codec_s")
+        encoder = None
+        if spec.encode_references:  # before the KV budget, which counts its memory
+            try:
+                encoder = load_encoder(folder, codec_cfg, spec.device)
+            except Exception:  # noqa: BLE001  (encode_audio loads it again and raises: the references' rows fail)
+                encoder = None
+            laps("encoder_s")
         graphed_codec = spec.device.type == "cuda" and not spec.deterministic
         t = cfg.talker
         kv_shape = TalkerKVShape(t.num_hidden_layers, t.num_key_value_heads, t.head_dim,
@@ -107,6 +114,7 @@ class Qwen3TTS(ModelFamily):
         family = cls(cfg, runner, codec, prompts, folder, codec_cfg, spec.device)
         family.kv_budget = budget
         family.load_phases = laps.done
+        family._encoder = encoder
         return family
 
     @classmethod
@@ -164,8 +172,11 @@ class Qwen3TTS(ModelFamily):
 
     def codec_files(self) -> list[Path]:
         """speech_tokenizer/'s config.json and model.safetensors."""
-        tokenizer = self.folder / SPEECH_TOKENIZER
-        return [tokenizer / "config.json", tokenizer / "model.safetensors"]
+        return _codec_files(self.folder)
+
+    @classmethod
+    def codec_files_of(cls, spec: LoadSpec) -> list[Path]:
+        return _codec_files(resolve_checkpoint(spec.checkpoint))
 
     def codec_prefix(self, prompt: PromptInput) -> np.ndarray | None:
         """An in-context row's reference codes [R, 16], decoded before its frames."""
@@ -177,3 +188,6 @@ class Qwen3TTS(ModelFamily):
         return int(prefix_frames / max(total_frames, 1) * samples)
 
 
+def _codec_files(folder: Path) -> list[Path]:
+    tokenizer = folder / SPEECH_TOKENIZER
+    return [tokenizer / "config.json", tokenizer / "model.safetensors"]

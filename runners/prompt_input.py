@@ -10,6 +10,7 @@ different audio never share KV.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 from dataclasses import dataclass, field
 
@@ -27,8 +28,16 @@ class AudioSpan:
         """One negative int a frame (never a token id), equal for equal codes: a 63-bit BLAKE2b
         of the frame's codes."""
         codes = np.ascontiguousarray(self.codes, dtype=np.int64)
-        return [-1 - (int.from_bytes(hashlib.blake2b(row.tobytes(), digest_size=8).digest(), "little") >> 1)
-                for row in codes]
+        return list(_frame_keys(codes.tobytes(), codes.shape[1] if codes.ndim == 2 else 1))
+
+
+@functools.lru_cache(maxsize=1024)
+def _frame_keys(raw: bytes, streams: int) -> tuple[int, ...]:
+    """frame_keys of the codes whose bytes are raw ([frames, streams] int64), kept for the next span of
+    equal codes: every row cloning a voice holds one (a few hundred hashes a row otherwise)."""
+    width = 8 * streams
+    return tuple(-1 - (int.from_bytes(hashlib.blake2b(raw[i: i + width], digest_size=8).digest(), "little") >> 1)
+                 for i in range(0, len(raw), width))
 
 
 @dataclass(frozen=True)

@@ -76,3 +76,26 @@ def test_the_prefix_cache_keys_rows_by_content():
     assert fb.prompts_cpu == [r.prompt.content for r in reqs]
     for r in reqs:  # each row's table, as the pool handed it out, is on the device
         assert kv.table_gpu[r.slot, : len(r.blocks.table)].tolist() == r.blocks.table
+
+
+def test_frame_keys_are_each_frames_own_hash_whatever_was_hashed_before():
+    """A frame's key is the 63-bit BLAKE2b of its codes (hashlib here), whether or not equal codes
+    were keyed before (rows of one voice reuse the keys) and whatever the span's other frames; the
+    same bytes in frames of another width are other frames, with other keys."""
+    import hashlib
+
+    def own(codes):
+        return [-1 - (int.from_bytes(hashlib.blake2b(np.ascontiguousarray(r, dtype=np.int64).tobytes(),
+                                                     digest_size=8).digest(), "little") >> 1) for r in codes]
+
+    rng = np.random.default_rng(0)
+    codes = rng.integers(0, 1024, (12, 8))
+    first = AudioSpan(0, codes).frame_keys()
+    assert first == own(codes) and AudioSpan(3, codes.copy()).frame_keys() == first  # a second row's equal span
+    changed = codes.copy()
+    changed[5, 2] += 1
+    keys = AudioSpan(0, changed).frame_keys()
+    assert keys == own(changed) and keys[:5] == first[:5] and keys[5] != first[5] and keys[6:] == first[6:]
+    narrow = codes.reshape(24, 4)  # the same bytes as frames of 4 streams
+    assert AudioSpan(0, narrow).frame_keys() == own(narrow) and len(own(narrow)) == 24
+    assert AudioSpan(0, codes[:, :1].astype(np.int32)).frame_keys() == own(codes[:, :1])  # int32 codes key as int64

@@ -11,10 +11,10 @@ The same computation as transformers' HiggsAudioV2TokenizerModel.encode at its t
   cat (acoustic first) -> fc -> residual VQ: each quantizer projects the residual in, takes
   the nearest codebook entry (the reference's distance formula), and subtracts that entry
   projected back out                                                  -> codes [B, Q, T']
-HuBERT is transformers' HubertModel (it needs no torchaudio), built from the codec config's
-semantic_model_config; the rest is written here with the reference's module names, so the
-checkpoint's keys load as they are. The DAC encoder reuses the decoder's Snake and residual
-unit (runners/higgs_audio_v2/codec.py).
+HuBERT is runners/higgs_audio_v2/hubert.py (transformers' HubertModel's computation, without
+importing transformers), built from the codec config's semantic_model_config; the rest is
+written here with the reference's module names, so the checkpoint's keys load as they are.
+The DAC encoder reuses the decoder's Snake and residual unit (runners/higgs_audio_v2/codec.py).
 """
 
 from __future__ import annotations
@@ -33,6 +33,7 @@ from ..resample import resample, resampled_length
 from .codec import DEFAULT_BANDWIDTHS, HIGGS_ACOUSTIC_DEFAULTS, Snake1d, _ResidualUnit, num_quantizers
 from .codec import _Quantizer as _DecodeQuantizer
 from .codec_layout import read_codec
+from .hubert import Hubert, fold_hubert_weight_norm
 
 # HiggsAudioV2TokenizerConfig's defaults for what a codec config.json may leave out
 CODEC_DEFAULTS = {"sample_rate": 24000, "semantic_sample_rate": 16000, "downsample_factor": 320,
@@ -205,8 +206,6 @@ class _RVQ(nn.Module):
 class HiggsCodecEncoder(nn.Module):
     def __init__(self, config: dict, expect_quantizers: int | None = None, source: object = "codec config"):
         super().__init__()
-        from transformers import HubertConfig, HubertModel  # needs no torchaudio; heavy, so here
-
         try:
             cfg = {**CODEC_DEFAULTS, **config}
             ac = {**ACOUSTIC_DEFAULTS, **cfg["acoustic_model_config"]}
@@ -236,8 +235,8 @@ class HiggsCodecEncoder(nn.Module):
                               f"in the reference's encode, {self.num_quantizers} in its config: unsupported")
         acoustic, semantic = int(ac["hidden_size"]), int(sem.get("hidden_size", 768))
         hidden = acoustic + semantic
-        # spec augment is training-only; off, HuBERT makes no masked_spec_embed, which checkpoints omit
-        self.semantic_model = HubertModel(HubertConfig(**{**sem, "mask_time_prob": 0.0, "mask_feature_prob": 0.0})).eval()
+        # eval only: spec augment (training's) has no masked_spec_embed here, which checkpoints omit
+        self.semantic_model = Hubert(sem, source)
         self.encoder_semantic = _SemanticEncoder(semantic, cfg)
         self.acoustic_encoder = _AcousticEncoder(int(ac["encoder_hidden_size"]), strides, acoustic)
         self.fc = nn.Linear(hidden, hidden)
@@ -249,13 +248,13 @@ class HiggsCodecEncoder(nn.Module):
                    source: object = "codec") -> "HiggsCodecEncoder":
         """config: the codec's config.json (transformers' layout); state: its full state dict
         (transformers' key names; weight-norm pairs of the acoustic encoder are folded)."""
-        from transformers.initialization import no_init_weights
-
-        with no_init_weights(), torch.device(device):  # every weight comes from the state: skip random init
+        with torch.device("meta"):  # every tensor comes from the state (a strict load): no random init
             enc = cls(config, expect_quantizers, source)
+        enc = enc.to_empty(device=device)
         state = {k: v for k, v in state.items() if k.startswith(PREFIXES) and not k.endswith(UNUSED)}
         acoustic = fold_weight_norm({k: v for k, v in state.items() if k.startswith("acoustic_encoder.")})
         state = {**{k: v for k, v in state.items() if not k.startswith("acoustic_encoder.")}, **acoustic}
+        state = fold_hubert_weight_norm(state, "semantic_model.")
         load_into(enc, state, Path(str(source)))
         return enc.to(device=device, dtype=dtype).eval()
 
@@ -268,17 +267,15 @@ class HiggsCodecEncoder(nn.Module):
     @staticmethod
     def read(folder: Path) -> tuple[dict, dict[str, torch.Tensor]]:
         """The codec's config and the encoder's tensors on the host (either released layout, in
-        transformers' form), and HuBERT's module imported: what a load can do off the main thread."""
-        import transformers.models.hubert.modeling_hubert  # noqa: F401  (imported off the main thread too)
-
+        transformers' form): what a load can do off the main thread."""
         return read_codec(Path(folder), PREFIXES)
 
     def _semantic(self, audio: torch.Tensor) -> torch.Tensor:
         """audio [B, 1, T] -> HuBERT's layer-averaged features [B, T', semantic hidden]."""
         x = resample(audio, self.sample_rate, self.semantic_sample_rate)[:, 0, :]
         x = F.pad(x, (SEMANTIC_PAD, SEMANTIC_PAD))
-        hidden = self.semantic_model(x, output_hidden_states=True).hidden_states
-        features = torch.stack(list(hidden), dim=1).mean(dim=1)
+        hidden = self.semantic_model(x)
+        features = torch.stack(hidden, dim=1).mean(dim=1)
         if self.semantic_downsample_factor > 1:
             features = features[:, ::self.semantic_downsample_factor, :]
         return features

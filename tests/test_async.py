@@ -39,20 +39,41 @@ def _bytes(out):
             for m in read_manifest(out)}
 
 
+SAMPLING = {"greedy": ["--temperature", "0"], "seeded": ["--seed", "7", "--ras-win-len", "5"]}
+
+
+@pytest.fixture(scope="module")
+def sync_bytes(tmp_path_factory, eos_ckpt):
+    """sampling -> the files of the synchronous run at one row a step: under --deterministic the
+    bytes of every batch size (tests/test_seeded.py and others hold that), so one run is the baseline
+    of every batch size's lookahead run. Its controls run once: staggered stops, and files that are
+    their codes' audio."""
+    made: dict[str, dict] = {}
+
+    def get(sampling: str) -> dict:
+        if sampling not in made:
+            tmp = tmp_path_factory.mktemp(f"sync-{sampling}")
+            cfg = write_config(tmp / "m.yaml", eos_ckpt, max_seq_len=256)
+            sync = _gen(tmp, "sync", cfg, "--no-async-decode", "--max-batch-size", "1", "--deterministic",
+                        *SAMPLING[sampling])
+            reasons = [m["finish_reason"] for m in read_manifest(sync)]
+            assert "stop" in reasons and len({m["frames"] for m in read_manifest(sync)}) > 3
+            assert_written_audio_follows_its_codes(codec_stage(eos_ckpt), sync, longest_row(read_manifest(sync)))
+            made[sampling] = _bytes(sync)
+        return made[sampling]
+
+    return get
+
+
 @pytest.mark.parametrize("batch", [1, 2, 3, 5, 8])  # 1: the one-row path; 8: every row at once past the start
-@pytest.mark.parametrize("sampling", [["--temperature", "0"], ["--seed", "7", "--ras-win-len", "5"]],
-                         ids=["greedy", "seeded"])
-def test_async_byte_identical_to_sync(tmp_path, eos_ckpt, batch, sampling):
-    """Staggered stops (the EOS-pushed checkpoint) and 10 rows through fewer slots (joins mid-run)."""
+@pytest.mark.parametrize("sampling", list(SAMPLING))
+def test_async_byte_identical_to_sync(tmp_path, eos_ckpt, sync_bytes, batch, sampling):
+    """Staggered stops (the EOS-pushed checkpoint) and 10 rows through fewer slots (joins mid-run):
+    the lookahead run at each batch size gives the synchronous run's bytes."""
     cfg = write_config(tmp_path / "m.yaml", eos_ckpt, max_seq_len=256)
-    common = ["--max-batch-size", str(batch), "--deterministic", *sampling]
-    sync = _gen(tmp_path, "sync", cfg, "--no-async-decode", *common)
-    lookahead = _gen(tmp_path, "async", cfg, "--async-decode", *common)
-    reasons = [m["finish_reason"] for m in read_manifest(sync)]
-    assert "stop" in reasons and len({m["frames"] for m in read_manifest(sync)}) > 3
-    assert _bytes(lookahead) == _bytes(sync)
-    # control: the files are their codes' audio, and other codes' audio has other bytes
-    assert_written_audio_follows_its_codes(codec_stage(eos_ckpt), sync, longest_row(read_manifest(sync)))
+    lookahead = _gen(tmp_path, "async", cfg, "--async-decode", "--max-batch-size", str(batch), "--deterministic",
+                     *SAMPLING[sampling])
+    assert _bytes(lookahead) == sync_bytes(sampling)
 
 
 def test_default_mode_async_keeps_codes_and_audio(tmp_path, eos_ckpt):

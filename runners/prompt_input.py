@@ -31,7 +31,7 @@ class AudioSpan:
         return list(_frame_keys(codes.tobytes(), codes.shape[1] if codes.ndim == 2 else 1))
 
 
-@functools.lru_cache(maxsize=1024)
+@functools.lru_cache(maxsize=256)  # keyed by the bytes: about 12 MB at 256 voices of 30 s
 def _frame_keys(raw: bytes, streams: int) -> tuple[int, ...]:
     """frame_keys of the codes whose bytes are raw ([frames, streams] int64), kept for the next span of
     equal codes: every row cloning a voice holds one (a few hundred hashes a row otherwise)."""

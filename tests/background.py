@@ -1,7 +1,6 @@
-"""Slow checks started at collection and run on background threads (two where there are two cores:
-CI has two), so they use the second core while the suite runs on the first, and both once the
-suite is done and only their results are awaited; their tests, ordered last (conftest.py), then
-only collect the results. A check is a script of tests/ run as a subprocess
+"""Slow checks started at collection and run one at a time on a background thread, so they use the
+second core while the suite runs on the first (CI has two); their tests, ordered last
+(conftest.py), then only collect the results. A check is a script of tests/ run as a subprocess
 (the kernel checks in Triton's interpreter, the fresh-venv install): the same work its test would
 do, in a process of its own, so neither its outcome nor the suite's depends on when it ran."""
 
@@ -12,7 +11,6 @@ import os
 import subprocess
 import sys
 import threading
-from collections import deque
 from concurrent.futures import Future
 from pathlib import Path
 
@@ -21,8 +19,7 @@ REPO = Path(__file__).resolve().parent.parent
 # NOTE: the background thread only waits on subprocesses: a library a check imported into this
 # process could change process-wide state (MKL's thread count) under the tests running beside it
 _jobs: dict[str, Future] = {}
-_current: list[subprocess.Popen] = []  # the runs under way (list.append and .remove are atomic)
-WORKERS = 2 if (os.cpu_count() or 1) >= 2 else 1
+_current: list[subprocess.Popen] = []
 
 
 def command(script: str) -> tuple[list[str], dict]:
@@ -34,13 +31,12 @@ def command(script: str) -> tuple[list[str], dict]:
 
 
 def start(scripts: list[str]) -> None:
-    """Queue the scripts' runs on the background threads, taken in order."""
+    """Queue the scripts' runs on one background thread, in order."""
     todo = [s for s in scripts if s not in _jobs]
     for s in todo:
         _jobs[s] = Future()
-    queue = deque(todo)
-    for _ in range(min(len(todo), WORKERS)):
-        threading.Thread(target=_run_all, args=(queue,), daemon=True, name="omni-test-background").start()
+    if todo:
+        threading.Thread(target=_run_all, args=(todo,), daemon=True, name="omni-test-background").start()
 
 
 def result(script: str, timeout: float = 1200) -> subprocess.CompletedProcess:
@@ -50,14 +46,9 @@ def result(script: str, timeout: float = 1200) -> subprocess.CompletedProcess:
     return _jobs[script].result(timeout=timeout)
 
 
-def _run_all(queue: deque) -> None:
-    while True:
-        try:
-            script = queue.popleft()  # deque's pop is atomic: each script goes to one thread
-        except IndexError:
-            return
+def _run_all(scripts: list[str]) -> None:
+    for script in scripts:
         cmd, env = command(script)
-        proc = None
         try:
             # niced: the suite's own torch threads come first (an OpenMP barrier waits for its slowest thread)
             proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
@@ -68,8 +59,7 @@ def _run_all(queue: deque) -> None:
         except Exception as e:  # noqa: BLE001  (the test reports it)
             _jobs[script].set_exception(e)
         finally:
-            if proc is not None and proc in _current:
-                _current.remove(proc)
+            _current.clear()
 
 
 @atexit.register

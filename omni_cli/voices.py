@@ -133,14 +133,22 @@ def cache_dir() -> Path:
 def codec_key(model) -> str:
     """The codec identity's first 32 hex digits, its folder's name; the digest is remembered in the
     cache's codec-identities/ (runners/digest.py), so a run with the same codec files reads none."""
-    return model.codec_identity(store=cache_root() / "codec-identities").replace("sha256:", "")[:32]
+    return _key(model.codec_identity(store=_identities()))
+
+
+def _identities() -> Path:
+    return cache_root() / "codec-identities"
+
+
+def _key(identity: str) -> str:
+    return identity.replace("sha256:", "")[:32]
 
 
 def encodes_any(family, spec, clips: dict[str, Clip]) -> bool:
     """Before the load: whether a clip has no codes in the cache, so that the family loads its
     encoder with the model (runners/family.py: LoadSpec.encode_references) instead of at the first
     encode, inside the generate phase. Keyed as codec_key keys the loaded model's."""
-    from omni_cli.runners.digest import files_digest
+    from omni_cli.runners.family import codec_identity_of
 
     if not clips:
         return False
@@ -148,7 +156,7 @@ def encodes_any(family, spec, clips: dict[str, Clip]) -> bool:
         files = family.codec_files_of(spec)
     except NotImplementedError:
         return False
-    folder = cache_dir() / files_digest(files, cache_root() / "codec-identities")[:32]
+    folder = cache_dir() / _key(codec_identity_of(files, _identities()))
     return any(not (folder / f"{sha}.npy").is_file() for sha in clips)
 
 

@@ -55,8 +55,7 @@ import torch
 
 from .attention import AttentionContext, KVCache
 from .batch import ForwardBatch
-from .kv_blocks import cascade_plan
-from .kv_blocks import BlockPool
+from .kv_blocks import BlockPool, cascade_plan
 from .cuda_graphs import DecodeGraphs, PrefillGraphs
 from .device import use_engine_blas
 

@@ -267,11 +267,16 @@ class ModelFamily(abc.ABC):
         codec_files, for cache keys of encoded references: equal strings, equal codes for equal
         audio. store: where the digest is remembered across runs (the job's cache folder), so a
         later run reads no file to name the codec. Computed once per loaded family."""
-        from .digest import files_digest
-
         if self.__dict__.get("_codec_identity") is None:
-            self._codec_identity = "sha256:" + files_digest(self.codec_files(), store)
+            self._codec_identity = codec_identity_of(self.codec_files(), store)
         return self._codec_identity
+
+
+def codec_identity_of(files: list[Path], store: Path | None = None) -> str:
+    """ModelFamily.codec_identity of these codec files (before a load: ModelFamily.codec_files_of)."""
+    from .digest import files_digest
+
+    return "sha256:" + files_digest(files, store)
 
 
 def family_names() -> list[str]:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -89,7 +89,6 @@ class HiggsAudioV2(ModelFamily):
         self.codec_dir: Path | None = None  # set by load: the encoder is read from it on first use
         self.encoder_dtype = torch.float32  # the encoder's, whatever the LM's
         self._encoder: HiggsCodecEncoder | None = None
-        self._encoder_load: Future | None = None  # the load begun with the model's (LoadSpec.encode_references)
 
     @classmethod
     def load(cls, spec: LoadSpec) -> "HiggsAudioV2":
@@ -97,10 +96,10 @@ class HiggsAudioV2(ModelFamily):
         lm_dir = resolve_folder(spec.checkpoint, "checkpoint")
         codec_dir = resolve_folder(spec.codec, "codec", pth=True)
         cfg = HiggsConfig.from_file(lm_dir / "config.json")
-        encoder = None
-        if spec.encode_references:  # the encoder's tensors read (and HuBERT's module imported) beside the LM's load
+        read = None
+        if spec.encode_references:  # the encoder's tensors read beside the LM's load
             pool = ThreadPoolExecutor(1, thread_name_prefix="omni-encoder-read")
-            encoder = pool.submit(HiggsCodecEncoder.read, codec_dir)
+            read = pool.submit(HiggsCodecEncoder.read, codec_dir)
             pool.shutdown(wait=False)
         with torch.device(spec.device), default_dtype(spec.dtype):
             # built where and as it will run: a 5.4 B-parameter model initialised in float32 on
@@ -114,8 +113,14 @@ class HiggsAudioV2(ModelFamily):
         laps("fuse_s")
         codec = HiggsCodec(cfg, HiggsCodecDecoder.load(codec_dir, spec.dtype, spec.device))
         laps("codec_s")
-        if encoder is not None:  # built before the KV budget, which counts its memory; a failure waits for encode_audio
-            encoder = _build_encoder(encoder, codec_dir, spec.device, cfg.num_codebooks)
+        encoder = None
+        if read is not None:  # built here, before the KV budget (which counts its memory): modules take the
+            # process's default dtype, which the LM's load sets. NOTE: never build modules off the main thread
+            try:
+                encoder = HiggsCodecEncoder.from_state(*read.result(), torch.float32, spec.device, cfg.num_codebooks,
+                                                       codec_dir)
+            except Exception:  # noqa: BLE001  (encode_audio loads it again and raises: the references' rows fail)
+                encoder = None
             laps("encoder_s")
         graphed_codec = spec.device.type == "cuda" and not spec.deterministic
         kv_shape = KVShape(cfg.num_hidden_layers, cfg.num_key_value_heads, cfg.head_dim)
@@ -130,7 +135,7 @@ class HiggsAudioV2(ModelFamily):
         family.kv_budget = budget
         family.load_phases = laps.done
         family.codec_dir = codec_dir
-        family._encoder_load = encoder
+        family._encoder = encoder
         return family
 
     @classmethod
@@ -166,9 +171,6 @@ class HiggsAudioV2(ModelFamily):
         """Mono float32 clips at sample_rate -> codes [frames, num_streams] int64 each. The encoder
         (HuBERT included) loads with the model where the job asked (LoadSpec.encode_references), else
         on the first call, so runs without references pay nothing."""
-        if self._encoder is None and self._encoder_load is not None:
-            load, self._encoder_load = self._encoder_load, None
-            self._encoder = load.result()  # what loading raised, raised here (the clips' rows fail)
         if self._encoder is None:
             if self.codec_dir is None:
                 raise NotImplementedError("this HiggsAudioV2 was not loaded from a codec folder: no encoder")
@@ -196,18 +198,6 @@ def _prompter(lm_dir: Path, cfg: HiggsConfig, codec_config: Path) -> HiggsPrompt
                             (cfg.audio_token_id, cfg.audio_delay_token_id, cfg.audio_stream_bos_id,
                              cfg.audio_stream_eos_id))
     return HiggsPrompter(builder, frame_config(codec_config), cfg.num_codebooks)
-
-
-def _build_encoder(read: Future, folder: Path, device: torch.device, quantizers: int) -> Future:
-    """The encoder from what the reading thread read, built here: modules take the process's default
-    dtype, which the LM's load sets meanwhile. NOTE: never build modules off the main thread."""
-    built: Future = Future()
-    try:
-        config, state = read.result()
-        built.set_result(HiggsCodecEncoder.from_state(config, state, torch.float32, device, quantizers, folder))
-    except Exception as e:  # noqa: BLE001  (raised at encode_audio: the references' rows fail, not the run)
-        built.set_exception(e)
-    return built
 
 
 def codec_files(folder: Path) -> list[Path]:

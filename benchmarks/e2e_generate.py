@@ -167,9 +167,14 @@ def write_inputs(root: Path, rows: int, frames: int, vary: int = 0, prompt_token
 
 def run(root: Path, rows: int, batch: int, frames: int, async_decode: bool, vary: int = 0,
         prompt_tokens: int = 0, voices: int = 0, max_seq_len: int = 512, warm_cache: bool = False,
-        devices: str | None = None, family: str = "higgs_audio_v2") -> dict:
+        devices: str | None = None, family: str = "higgs_audio_v2", score: str | None = None,
+        score_batch: int = 64) -> dict:
     cfg, prompts = write_inputs(root, rows, frames, vary, prompt_tokens, voices, max_seq_len, family)
-    out = root / f"out-{rows}-{batch}-{int(async_decode)}-{vary}-{prompt_tokens}-{voices}-{devices or 'one'}"
+    if score:  # rows scored as they come out; nothing rejected, so every row runs once (the cost of scoring)
+        cfg.write_text(cfg.read_text() + f"quality:\n  score: {score}\n  reject: none\n  batch_size: {score_batch}\n"
+                       f"  asr_model: {root / 'whisper'}\n")
+    out = root / (f"out-{rows}-{batch}-{int(async_decode)}-{vary}-{prompt_tokens}-{voices}-{devices or 'one'}"
+                  f"-{(score or 'none').replace(',', '+')}")
     cmd = [sys.executable, "-m", "omni_cli", "generate", str(prompts), "-o", str(out), "--model", str(cfg), "-q",
            "--max-batch-size", str(batch), "--max-new-frames", str(frames), "--min-new-frames", str(frames),
            "--seed", "1", "--async-decode" if async_decode else "--no-async-decode"]
@@ -210,7 +215,8 @@ def run(root: Path, rows: int, batch: int, frames: int, async_decode: bool, vary
                                                 "write_busy_s", "codec_calls", "codec_s", "codec_max_call_s")},
             "step_ms": timings["step_ms"], "kv_budget": info.get("kv_budget"),
             "kv_cache": info.get("kv_cache"), "prefix_cache": info.get("prefix_cache"),
-            "query_hits": info["async_decode"]["query_hits"], "query_misses": info["async_decode"]["query_misses"]}
+            "query_hits": info["async_decode"]["query_hits"], "query_misses": info["async_decode"]["query_misses"],
+            "score": score, "quality": info.get("quality")}
 
 
 def main() -> None:
@@ -232,6 +238,10 @@ def main() -> None:
     ap.add_argument("--devices", nargs="+", default=[None],
                     help="run each BATCH:ROWS with `omni generate --devices D` for each D given (e.g. 0 0,1 0,1,2,3: "
                          "1 vs 2 vs 4 GPUs); --max-batch-size is per device")
+    ap.add_argument("--score", help="score every row with these scorers (asr at whisper-large-v3-turbo's shape, random "
+                                    "weights: benchmarks/scoring_models.py), e.g. asr,mos,degenerate")
+    ap.add_argument("--compare-score", action="store_true", help="run each BATCH:ROWS also without --score")
+    ap.add_argument("--score-batch", type=int, default=64, help="rows a scorer call takes (quality.batch_size)")
     ap.add_argument("--out", type=Path, default=Path("e2e_generate.json"))
     ap.add_argument("--root", type=Path, default=None,
                     help="keep the checkpoint (and outputs) in this folder, and reuse a checkpoint already there: "
@@ -250,33 +260,41 @@ def main() -> None:
             shutil.rmtree(old)
         if args.voices:
             write_voices(root, args.voices, args.voice_seconds)
+        if args.score and "asr" in args.score:
+            from benchmarks.scoring_models import write_whisper_turbo
+
+            write_whisper_turbo(root / "whisper")
         results = []
         for spec in args.runs:
             # flush what was written before (the 10.8 GB checkpoint, the last run's files) to disk first,
             # so a run's own file writes do not queue behind it
             os.sync()
             batch, rows = (int(x) for x in spec.split(":"))
-            for voices in ([0, args.voices] if args.compare else [args.voices]):
-                for devices in args.devices:
-                    results.append(run(root, rows, batch, args.frames, True, args.vary, args.prompt_tokens, voices,
-                                       args.max_seq_len, args.warm_cache, devices, args.family))
-                    # after every run: a later one cut short leaves the earlier ones
-                    write_results(args.out, family=args.family, shape=shape, runs=results)
-                    r = results[-1]
-                    print(f"batch {batch}, {rows} rows: {r['audio_s_per_s_generate']:.1f} audio-s/s (generate), "
-                          f"{r['audio_s_per_s_wall']:.1f} (wall), first wav {r['first_wav_s'] or float('nan'):.1f} s, "
-                          f"references {r['references_s']} s, prefill {r['prefill_s']} s ({r['prefill_steps']} steps), "
-                          f"step p50 {r['step_ms'].get('p50')} ms, peak rows {(r['kv_cache'] or {}).get('peak_rows')}, "
-                          f"prefix cache {r['prefix_cache']}", flush=True)
+            for voices, score, devices in [(v, sc, d) for v in ([0, args.voices] if args.compare else [args.voices])
+                                           for sc in ([None, args.score] if args.compare_score else [args.score])
+                                           for d in args.devices]:
+                results.append(run(root, rows, batch, args.frames, True, args.vary, args.prompt_tokens, voices,
+                                   args.max_seq_len, args.warm_cache, devices, args.family, score,
+                                   args.score_batch))
+                # after every run: a later one cut short leaves the earlier ones
+                write_results(args.out, family=args.family, shape=shape, runs=results)
+                r = results[-1]
+                print(f"batch {batch}, {rows} rows: {r['audio_s_per_s_generate']:.1f} audio-s/s (generate), "
+                      f"{r['audio_s_per_s_wall']:.1f} (wall), first wav {r['first_wav_s'] or float('nan'):.1f} s, "
+                      f"references {r['references_s']} s, prefill {r['prefill_s']} s ({r['prefill_steps']} steps), "
+                      f"step p50 {r['step_ms'].get('p50')} ms, peak rows {(r['kv_cache'] or {}).get('peak_rows')}, "
+                      f"prefix cache {r['prefix_cache']}, score {score}: "
+                      f"{ {k: (r['quality'] or {}).get(k) for k in ('score_s', 'scorer_s', 'load_s')} }", flush=True)
     print(f"{'devices':>8} {'batch':>5} {'rows':>5} {'voices':>6} {'first wav s':>12} {'wall s':>7} {'load s':>7} {'warm s':>7} {'audio s':>8} "
           f"{'aud-s/s gen':>12} {'aud-s/s wall':>13} {'loop s':>7} {'prefill s':>9} {'prefills':>8} {'tail s':>7} "
-          f"{'codec s':>8} {'calls':>6} {'longest':>8} {'tail codec':>10} {'writers':>8}")
+          f"{'codec s':>8} {'calls':>6} {'longest':>8} {'tail codec':>10} {'writers':>8} {'score':>20} {'score s':>8}")
     for r in results:
         print(f"{r['devices'] or '-':>8} {r['max_batch_size']:>5} {r['rows']:>5} {r['voices']:>6} {r['first_wav_s'] or float('nan'):>12.1f} {r['wall_s']:>7.1f} "
               f"{r['load_s']:>7.1f} {r['warmup_s']:>7.1f} {r['audio_s']:>8.1f} {r['audio_s_per_s_generate']:>12.1f} "
               f"{r['audio_s_per_s_wall']:>13.1f} {r['loop_s']:>7.2f} {r['prefill_s']:>9.2f} {r['prefill_steps']:>8} {r['write_tail_s']:>7.2f} "
               f"{r['codec_s']:>8.2f} {r['codec_calls']:>6} {r['codec_max_call_s']:>8.2f} "
-              f"{r['tail_codec_s'] if r['tail_codec_s'] is not None else float('nan'):>10.2f} {r['write_busy_s']:>8.2f}")
+              f"{r['tail_codec_s'] if r['tail_codec_s'] is not None else float('nan'):>10.2f} {r['write_busy_s']:>8.2f} "
+              f"{r['score'] or '-':>20} {(r['quality'] or {}).get('score_s') or 0.0:>8.2f}")
 
 
 if __name__ == "__main__":

@@ -46,6 +46,7 @@ class AudioStage:
         self._lock = threading.Lock()
         self._rows_per_call = 1
         self._queued = self._taken = 0  # rows that will reach the codec, and those that did
+        self._inflight = 0  # codec calls and writes submitted and not yet done
         self.codec_calls: list[float] = []  # seconds per codec-thread call that decoded rows
         self.codec_done = 0.0  # when the last of them returned (perf_counter)
 
@@ -72,7 +73,30 @@ class AudioStage:
             self._taken += len(reqs)
             ready = len(self._backlog) >= self._rows_per_call or self._taken >= self._queued
         if ready:
-            self._pending.append(self._codec_thread.submit(self._decode_and_write))
+            self._submit(self._codec_thread, self._decode_and_write)
+
+    def _submit(self, pool: ThreadPoolExecutor, fn, *args) -> None:
+        with self._lock:
+            self._inflight += 1
+        future = pool.submit(fn, *args)
+        future.add_done_callback(self._done)
+        self._pending.append(future)
+
+    def _done(self, _future) -> None:
+        with self._lock:
+            self._inflight -= 1
+
+    def idle(self) -> bool:
+        """No row waits for the codec and no codec call or write is under way (scoring's retries wait on it)."""
+        with self._lock:
+            return not self._backlog and self._inflight == 0
+
+    def flush_stalled(self) -> None:
+        """Rows left in the backlog with nothing under way (the loop is out of work): decode them now."""
+        with self._lock:
+            stalled = bool(self._backlog) and self._inflight == 0
+        if stalled:
+            self._submit(self._codec_thread, self._decode_and_write)
 
     def _decode_and_write(self, after_loop: bool = False) -> None:
         """On the codec thread: every row finished so far."""
@@ -89,7 +113,7 @@ class AudioStage:
         for i, samples in decode_rows(self.codec, decoded, self.batched, drain):  # writes start as each call ends
             if prefixes[i] is not None and not isinstance(samples, Exception):  # the reference's part goes
                 samples = samples[self._family.prefix_cut(len(prefixes[i]), len(decoded[i]), len(samples)):]
-            self._pending.append(self._writers.submit(self._write, reqs[i], tokens[i], samples))
+            self._submit(self._writers, self._write, reqs[i], tokens[i], samples)
         self.codec_done = time.perf_counter()
         self.codec_calls.append(self.codec_done - t_call)
 

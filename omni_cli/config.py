@@ -14,6 +14,7 @@ from typing import Any
 import yaml
 
 from omni_cli.errors import ConfigError
+from omni_cli.quality.settings import parse_section
 from omni_cli.voice_bank import parse_bank
 from omni_cli.runners.sampling.params import FIELD_NAMES, INT_MAX, SamplingParams, check_field, short_repr
 
@@ -48,6 +49,7 @@ class ModelConfig:
     sampling: SamplingParams = field(default_factory=SamplingParams)
     sampling_set: tuple[str, ...] = ()  # the sampling keys the YAML sets (the checkpoint's defaults fill the rest)
     voices: dict = field(default_factory=dict)  # the voice bank: name -> omni_cli.voices.Voice
+    quality: dict = field(default_factory=dict)  # the `quality:` section, keys checked (omni_cli/quality/settings.py)
 
     def as_dict(self) -> dict[str, Any]:
         d = {k: getattr(self, k) for k in self.__dataclass_fields__
@@ -71,6 +73,7 @@ _TOP_KEYS = {
     "system_prompt": str,
     "sampling": dict,
     "voices": dict,
+    "quality": dict,
 }
 _REQUIRED = ("family", "checkpoint")
 # families whose codec is a folder of its own (Qwen3-TTS's is speech_tokenizer/ inside its checkpoint)
@@ -152,7 +155,8 @@ def load_config(spec: str | Path | None) -> ModelConfig:
     except ValueError as e:
         raise ConfigError(path, "sampling.min_new_frames", str(e)) from None
 
-    values = {k: v for k, v in raw.items() if k not in ("sampling", "voices")}
+    values = {k: v for k, v in raw.items() if k not in ("sampling", "voices", "quality")}
+    values["quality"] = parse_section(raw["quality"], path) if raw.get("quality") is not None else {}
     values["sampling_set"] = tuple(raw.get("sampling") or {})
     values["voices"] = parse_bank(raw["voices"], path) if raw.get("voices") else {}
     values["checkpoint"] = _resolve_location(path, "checkpoint", raw["checkpoint"])

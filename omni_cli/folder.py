@@ -83,6 +83,11 @@ def _remove_if_empty(out: Path) -> None:
         pass
 
 
+def lock_existing(out: Path) -> FolderLock:
+    """The lock of a folder that exists (omni score): held as a run holds it; in use: an OmniError."""
+    return FolderLock(_lock(out), out)
+
+
 def _lock(out: Path) -> int:
     """An fd holding the folder's lock file flock'ed; OmniError while another run holds it."""
     path = out / LOCK_NAME
@@ -197,9 +202,13 @@ def file_digest(path: Path) -> tuple[int, str] | None:
         return None
 
 
+KEPT_STATUSES = ("ok", "rejected")  # rows that came out with files: --resume keeps them as they are
+
+
 def row_intact(out: Path, entry: dict[str, Any]) -> bool:
-    """An ok manifest row whose two files are on disk with the recorded size and sha256."""
-    if entry.get("status") != "ok":
+    """An ok (or rejected: scored, its files kept) manifest row whose two files are on disk with the
+    recorded size and sha256."""
+    if entry.get("status") not in KEPT_STATUSES:
         return False
     for rel, size, digest in ((entry.get("file_name"), entry.get("audio_bytes"), entry.get("audio_sha256")),
                               (entry.get("logprobs_file"), entry.get("logprobs_bytes"), entry.get("logprobs_sha256"))):

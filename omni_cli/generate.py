@@ -15,7 +15,7 @@ import itertools
 import sys
 import time
 import traceback
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 
 from omni_cli.audio_stage import AudioStage
@@ -23,13 +23,15 @@ from omni_cli.chunk_store import ChunkStore
 from omni_cli.chunked import ChunkedRows, LongRow, first_chunk
 from omni_cli.config import ModelConfig
 from omni_cli.errors import RowError
-from omni_cli.folder import row_hash, row_intact
+from omni_cli.folder import KEPT_STATUSES, row_hash, row_intact
 from omni_cli.job_io import LocalIO
 from omni_cli.job_settings import check_flags, load_spec, model_identity, print_warnings, prompt_warnings
-from omni_cli.longform import DEFAULT_CHUNK_BUFFER
 from omni_cli.loop import run_loop
 from omni_cli.output import StdoutLines
+from omni_cli.options import EXIT_OK, EXIT_ROWS_FAILED, EXIT_RUN_FAILED, GenerateOptions, RunSummary  # re-exported
 from omni_cli.prompts import PromptRow, read_prompts
+from omni_cli.quality.job import build_scorers, quality_record, start_stage
+from omni_cli.quality.settings import quality_settings
 from omni_cli.results import RowResults, input_fields
 from omni_cli.run_record import async_summary, run_record
 from omni_cli.runners.device import deterministic_cpu_threads, pick_device
@@ -37,61 +39,10 @@ from omni_cli.runners.family import ModelFamily, PromptFieldError, family_class
 from omni_cli.runners.sampling.params import SamplingParams
 from omni_cli.runners.sampling.seeds import row_seed
 from omni_cli.scheduler import Request, Scheduler
-from omni_cli.shard import Shard
 from omni_cli.signals import SignalGuard, exit_code
 from omni_cli.validate import check_inputs, encode_each
 from omni_cli.voices import attach_references, encodes_any, queue_order, too_long
 from omni_cli.warmup import warm_up_lm
-
-# exit codes (cli.py's --help and README's table say the same)
-EXIT_OK, EXIT_ROWS_FAILED, EXIT_USAGE, EXIT_RUN_FAILED = 0, 1, 2, 3
-
-
-@dataclass(frozen=True)
-class GenerateOptions:
-    prompts: str
-    out: Path
-    model: str | None = None
-    seed: int | None = None
-    max_batch_size: int | None = None
-    temperature: float | None = None
-    top_k: int | None = None
-    top_p: float | None = None
-    min_p: float | None = None
-    repetition_penalty: float | None = None
-    ras_win_len: int | None = None
-    ras_win_max_num_repeat: int | None = None
-    suppress_tokens: tuple[int, ...] | None = None
-    max_new_frames: int | None = None
-    min_new_frames: int | None = None
-    subtalker_temperature: float | None = None  # Qwen3-TTS's code predictor (runners/sampling/params.py)
-    subtalker_top_k: int | None = None
-    subtalker_top_p: float | None = None
-    deterministic: bool | None = None
-    async_decode: bool | None = None
-    raw_logprobs: bool = False
-    fmt: str = "wav"
-    quiet: bool = False
-    overwrite: bool = False
-    resume: bool = False
-    max_failures: int | None = None  # stop once this many rows have failed (the rest: status skipped)
-    jsonl_stdout: bool = False  # each manifest row written also goes to stdout, as rows complete
-    shard: Shard | None = None  # --shard i/n: only the rows whose id hashes to shard i (omni_cli/shard.py)
-    voices: Path | None = None  # --voices: a voice bank file, over the config's voices
-    chunk_method: str | None = None  # long-form text (omni_cli/longform.py): auto, sentence, none; None: the family's
-    chunk_buffer: int = DEFAULT_CHUNK_BUFFER  # earlier chunks a chunk's prompt holds
-    devices: tuple[str, ...] | None = None  # --devices (omni_cli/workers.py); one device: this process's
-    ray: str | None = None  # --ray ADDRESS: the job as a Ray Data pipeline (omni_cli/ray.py)
-    input_format: str | None = None  # --input-format jsonl|json|csv|txt; None: by extension, else sniffed
-
-
-@dataclass
-class RunSummary:
-    total: int
-    ok: int
-    failed: int
-    interrupted: bool
-    exit_code: int = EXIT_OK
 
 
 class _MaxFailures(Exception):
@@ -142,6 +93,8 @@ def nothing_ran(total: int, code: int) -> RunSummary:
 def _run(opts: GenerateOptions, config: ModelConfig, base_params: SamplingParams, rows: list[PromptRow],
          family: type[ModelFamily], clips: dict, t: dict, guard: SignalGuard, io: LocalIO) -> RunSummary:
     spec = load_spec(config, opts)
+    quality = quality_settings(config.quality, config.path, opts)
+    scorers, t["scorers_s"] = build_scorers(quality, str(spec.device)) if quality.enabled else ({}, 0.0)
     if encodes_any(family, spec, clips):  # the encoder loads with the model, not in the generate phase
         spec = replace(spec, encode_references=True)
     model = io.load(family, spec)
@@ -150,6 +103,8 @@ def _run(opts: GenerateOptions, config: ModelConfig, base_params: SamplingParams
     t["references"] = time.perf_counter()
 
     identity = model_identity(config, spec, opts)
+    if quality.enabled:  # the scorers and rules pick which attempt a row keeps
+        identity = identity | {"quality": quality.as_record()}
     earlier = io.earlier(opts.out) if opts.resume else {}
     io.clear_temporaries(opts.out)
     scheduler = Scheduler.for_runner(model.runner, config.max_seq_len)
@@ -159,9 +114,13 @@ def _run(opts: GenerateOptions, config: ModelConfig, base_params: SamplingParams
     stdout = StdoutLines() if opts.jsonl_stdout else None
     writer = io.writer(opts.out, opts.fmt, model.sample_rate, kept, stdout, model.frame_rate)
     progress = io.progress(len(rows) - len(kept), opts.quiet)
+    if hasattr(progress, "describe"):
+        progress.describe(Path(config.path).stem, str(spec.device))
     results = RowResults(writer, progress, model.real_code_mask, opts.quiet)
     results.rows = queued
     audio = AudioStage(model.codec, model.batched_codec, model)
+    stage, extra = start_stage(quality, scorers, results, audio, model, queued, clips, scheduler) \
+        if quality.enabled else (None, 0)
     chunker.results, chunker.audio, chunker.progress = results, audio, progress
     interrupted, stats, fault, stop = False, None, None, None
     code = EXIT_OK
@@ -185,7 +144,7 @@ def _run(opts: GenerateOptions, config: ModelConfig, base_params: SamplingParams
                 if audio.batched else 1
             long_rows = [q[2] for q in queued.values() if isinstance(q[2], LongRow)]
             progress.long_rows(sum(lr.n for lr in long_rows), sum(lr.resumed for lr in long_rows), len(long_rows))
-            audio.start(chunker.write, chunker.requests(len(queued), long_rows), rows_per_call)
+            audio.start(chunker.write, chunker.requests(len(queued), long_rows) + extra, rows_per_call)
 
             def stepped(n: int, loop_stats) -> None:
                 progress.step(n, model.runner.async_query_hit, model.runner.async_query_miss,
@@ -197,7 +156,7 @@ def _run(opts: GenerateOptions, config: ModelConfig, base_params: SamplingParams
             if opts.max_failures is not None and results.failed >= opts.max_failures:
                 raise _MaxFailures
             with model.loop_stream():  # ahead of the codec's stream on the GPU
-                stats = run_loop(scheduler, model.runner, chunker.finished, stepped, config.async_decode)
+                stats = run_loop(scheduler, model.runner, chunker.finished, stepped, config.async_decode, stage)
         except KeyboardInterrupt as e:  # SIGINT, SIGTERM (omni_cli/signals.py)
             interrupted, code = True, exit_code(e)
         except _MaxFailures:
@@ -210,9 +169,13 @@ def _run(opts: GenerateOptions, config: ModelConfig, base_params: SamplingParams
             t.setdefault("loop", time.perf_counter())  # a fault in the warm-up: the loop never began
             t["decoded"] = time.perf_counter()
             audio.drain()  # rows still waiting (after Ctrl-C, say), and every file on disk
+            if stage is not None:
+                stage.close()  # the last attempts scored and written
             t["written"] = time.perf_counter()
         try:
             audio.check()
+            if stage is not None:
+                stage.check()
         except Exception as e:  # noqa: BLE001  (a bug in the codec or writer threads)
             fault, code = fault or e, EXIT_RUN_FAILED
         if guard.signum is not None and not interrupted:  # a signal while finishing
@@ -228,6 +191,7 @@ def _run(opts: GenerateOptions, config: ModelConfig, base_params: SamplingParams
     t["end"] = time.perf_counter()
     record = run_record(opts, config, model, results, progress, audio, stats, interrupted, t)
     record["references"] = references.as_record()
+    record["quality"] = quality_record(quality, stage, t["scorers_s"], progress)
     record["prompts"] = t["prompts"] or None  # the whole file's, a shard's run included
     record["totals"].update(kept=len(kept), exit_code=code,
                             run_error=None if fault is None else f"{type(fault).__name__}: {fault}",
@@ -244,7 +208,7 @@ def _run(opts: GenerateOptions, config: ModelConfig, base_params: SamplingParams
     if code == EXIT_OK and results.failed:
         code = EXIT_ROWS_FAILED
     return RunSummary(total=len(rows), ok=results.ok + len(kept), failed=results.failed,
-                      interrupted=interrupted, exit_code=code)
+                      interrupted=interrupted, exit_code=code, rejected=results.rejected)
 
 
 def _attempt(write, what: str) -> OSError | None:
@@ -312,7 +276,7 @@ def _queue(rows: list[PromptRow], model: ModelFamily, config: ModelConfig, base_
             rejected.append((r, f"row {r.row}: building its prompt failed: {type(e).__name__}: {e}"))
             continue
         before = earlier.get(r.id)
-        if before is not None and before.get("status") == "ok":
+        if before is not None and before.get("status") in KEPT_STATUSES:
             if before.get("row_hash") != digest:
                 changed.append(r)
             elif row_intact(out, before):

@@ -12,6 +12,7 @@ from omni_cli.chunked import check_chunk_flags
 from omni_cli.config import MAX_BATCH_SIZE, ModelConfig, load_config
 from omni_cli.errors import OmniError
 from omni_cli.output import check_format
+from omni_cli.quality.settings import quality_settings
 from omni_cli.runners.device import DTYPES, pick_device
 from omni_cli.runners.family import LoadSpec
 from omni_cli.runners.sampling.params import FIELD_NAMES, SamplingParams
@@ -69,7 +70,9 @@ def check_flags(opts) -> tuple[ModelConfig, SamplingParams]:
     if opts.max_failures is not None and opts.max_failures < 1:
         raise OmniError(f"--max-failures must be >= 1, got {opts.max_failures}")
     check_chunk_flags(opts.chunk_method, opts.chunk_buffer)
-    return settings(opts)
+    config, params = settings(opts)
+    quality_settings(config.quality, config.path, opts)  # --score and its kin, before anything loads
+    return config, params
 
 
 def check_job(opts) -> tuple:
@@ -117,7 +120,7 @@ def model_identity(config: ModelConfig, spec: LoadSpec, opts) -> dict:
     it a rerun at the same settings need not match either. Not the config's sampling defaults:
     each row's resolved sampling values are hashed instead."""
     d = config.as_dict()
-    for k in ("path", "sampling", "max_batch_size", "async_decode", "device"):
+    for k in ("path", "sampling", "max_batch_size", "async_decode", "device", "quality"):
         d.pop(k, None)
     return d | {"device": spec.device.type, "omni_cli": __version__, "raw_logprobs": opts.raw_logprobs,
                 "format": opts.fmt}

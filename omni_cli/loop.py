@@ -35,9 +35,11 @@ class LoopStats:
 
 
 def run_loop(scheduler: Scheduler, runner, on_finished: Callable[[list[Request]], None],
-             on_step: Callable[[int, LoopStats], None], async_decode: bool) -> LoopStats:
+             on_step: Callable[[int, LoopStats], None], async_decode: bool, feed=None) -> LoopStats:
     """Drive until every request has finished; after each step, on_finished(reqs) gets the
-    requests that finished in it, in batch order (none: no call)."""
+    requests that finished in it, in batch order (none: no call). feed (the scoring stage,
+    omni_cli/quality/stage.py): requests added while the loop runs (retries), between steps;
+    with the scheduler empty the loop ends only once feed.wait_for_more() says none can come."""
     stats = LoopStats(async_decode=async_decode)
     pending = None
 
@@ -59,7 +61,13 @@ def run_loop(scheduler: Scheduler, runner, on_finished: Callable[[list[Request]]
             handle(p.scheduler_output.requests, runner.execute_resolve(p))
 
     try:
-        while scheduler.has_work() or pending is not None:
+        while True:
+            if feed is not None:
+                feed.add_waiting(scheduler)
+            if not (scheduler.has_work() or pending is not None):
+                if feed is not None and feed.wait_for_more():
+                    continue
+                break
             t0 = time.perf_counter()
             so = scheduler.schedule()
             if so is None:  # every running request waits on the pending step

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from omni_cli.errors import OmniError
+from omni_cli.folder import KEPT_STATUSES
 from omni_cli.folder import LOCK_NAME, lock_held
 from omni_cli.shard import shard_of
 
@@ -43,6 +44,7 @@ class Source:
 class MergeReport:
     rows: int = 0
     ok: int = 0
+    rejected: int = 0  # scored rows that failed their thresholds: their files come along as ok rows' do
     failed: int = 0
     duplicates: list[str] = field(default_factory=list)  # ids in several folders that agree
     conflicts: list[str] = field(default_factory=list)  # "id: folder, folder": ids whose copies differ
@@ -115,7 +117,7 @@ def _check_same_run(sources: list[Source]) -> None:
 
 
 def _files(rec: dict) -> list[str]:
-    return [rec[k] for k in ("file_name", "logprobs_file") if rec.get("status") == "ok" and rec.get(k)]
+    return [rec[k] for k in ("file_name", "logprobs_file") if rec.get("status") in KEPT_STATUSES and rec.get(k)]
 
 
 def _same_row(a: Source, b: Source, rid: str) -> bool:
@@ -251,9 +253,10 @@ def run_merge(folders: list[Path], out: Path) -> MergeReport:
             line = json.dumps(rec, ensure_ascii=False) + "\n"
         merged.append((row, line))
         report.ok += rec.get("status") == "ok"
+        report.rejected += rec.get("status") == "rejected"
     merged.sort()
     report.rows = len(merged)
-    report.failed = report.rows - report.ok
+    report.failed = report.rows - report.ok - report.rejected
     _missing(sources, set(chosen), report)
 
     tmp = out / ".metadata.jsonl.partial"
@@ -273,7 +276,7 @@ def _write_run_json(sources: list[Source], out: Path, report: MergeReport) -> No
     if "command" in record:
         record["command"] = {**record["command"], "out": str(out), "shard": None}
     totals = [s.run.get("totals", {}) for s in sources if s.run is not None]
-    record["totals"] = {"rows": report.rows, "ok": report.ok, "failed": report.failed,
+    record["totals"] = {"rows": report.rows, "ok": report.ok, "rejected": report.rejected, "failed": report.failed,
                         "interrupted": any(bool(t.get("interrupted")) for t in totals),
                         # the sources' sums (a duplicate counted in each of its folders)
                         "frames": sum(t.get("frames") or 0 for t in totals),

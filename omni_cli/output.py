@@ -33,6 +33,7 @@ import soundfile as sf
 from omni_cli.errors import OmniError
 
 FORMATS = ("wav", "flac")
+REJECTED_DIR = "rejected/"  # --drop-rejected: rejected rows' audio/ and logprobs/ go under it
 
 
 def check_format(fmt: str) -> None:
@@ -130,9 +131,13 @@ class OutputWriter:
 
     def write_ok(self, row: int, rid: str, samples: np.ndarray, tokens: np.ndarray, logprobs: np.ndarray,
                  mask: np.ndarray, meta: dict[str, Any], raw_logprobs: np.ndarray | None = None,
-                 extra: dict[str, np.ndarray] | None = None) -> dict[str, Any]:
-        """Write one finished request's files and its manifest row."""
-        files, record = self.encode_ok(rid, samples, tokens, logprobs, mask, meta, raw_logprobs, extra)
+                 extra: dict[str, np.ndarray] | None = None, subdir: str = "") -> dict[str, Any]:
+        """Write one finished request's files and its manifest row; subdir: a folder under out they go in
+        (REJECTED_DIR: --drop-rejected's)."""
+        files, record = self.encode_ok(rid, samples, tokens, logprobs, mask, meta, raw_logprobs, extra, subdir)
+        if subdir:
+            for rel, _ in files:
+                (self.out / rel).parent.mkdir(parents=True, exist_ok=True)
         for rel, data in files:
             self.publish(rel, data)
         self.add_row(meta["row"], record)
@@ -140,13 +145,13 @@ class OutputWriter:
 
     def encode_ok(self, rid: str, samples: np.ndarray, tokens: np.ndarray, logprobs: np.ndarray, mask: np.ndarray,
                   meta: dict[str, Any], raw_logprobs: np.ndarray | None = None,
-                  extra: dict[str, np.ndarray] | None = None):
+                  extra: dict[str, np.ndarray] | None = None, subdir: str = ""):
         """A finished request's files as bytes, [(path under out, bytes)], and its manifest row.
         samples: the audio as int16 [samples] (runners/audio.py: pcm16); extra: more npz arrays
         (a long row's chunk boundaries)."""
         if samples.dtype != np.int16:
             raise TypeError(f"audio samples must be int16 (runners/audio.py: pcm16), got {samples.dtype}")
-        audio_rel = f"audio/{rid}.{self.fmt}"
+        audio_rel = f"{subdir}audio/{rid}.{self.fmt}"
         # 16-bit PCM: float WAV would carry libsndfile's PEAK chunk, whose
         # timestamp makes files of the same audio differ byte for byte.
         # Encoded in memory, then written at once: to a path, libsndfile seeks
@@ -160,7 +165,7 @@ class OutputWriter:
             encoded = io.BytesIO()
             sf.write(encoded, samples, self.sample_rate, format=self.fmt.upper(), subtype="PCM_16")
             audio = (encoded.getbuffer(),)
-        npz_rel = f"logprobs/{rid}.npz"
+        npz_rel = f"{subdir}logprobs/{rid}.npz"
         arrays = {"tokens": tokens.astype(np.int64), "logprobs": logprobs.astype(np.float32), "mask": mask.astype(bool)}
         if raw_logprobs is not None:
             arrays["raw_logprobs"] = raw_logprobs.astype(np.float32)

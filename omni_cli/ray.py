@@ -148,7 +148,7 @@ class _Job:
             fresh = part not in self.old_parts
             if not fresh and (part, line) not in self._good:
                 rec = json.loads(line)
-                self._good[part, line] = rec.get("status") == "ok" and row_intact(self.out, rec)
+                self._good[part, line] = row_intact(self.out, rec)  # ok or rejected, its files whole
             if fresh or self._good[part, line]:
                 lines[r.row] = (line, fresh)
         return lines
@@ -161,6 +161,7 @@ class _Job:
         lines = self._write_manifest(found)
         recs = {row: json.loads(line) for row, line in lines.items()}
         ok = sum(rec.get("status") == "ok" for rec in recs.values())
+        rejected = sum(rec.get("status") == "rejected" for rec in recs.values())
         signum = None if self.stopped is None else exit_code(self.stopped) - 128
         signum = signum or self.guard.signum  # a signal while finishing counts too
         if signum is not None:
@@ -168,7 +169,7 @@ class _Job:
         elif self.fault is not None or len(found) < len(self.todo):
             code = EXIT_RUN_FAILED
         else:
-            code = EXIT_OK if ok == len(self.rows) else EXIT_ROWS_FAILED
+            code = EXIT_OK if ok + rejected == len(self.rows) else EXIT_ROWS_FAILED
         stdout = StdoutLines() if self.opts.jsonl_stdout else None
         for row in sorted(lines):  # this run's lines: all but an earlier job's, as one process keeps those
             if not found.get(row, ("", True))[1]:
@@ -189,8 +190,8 @@ class _Job:
                   file=sys.stderr, flush=True)
         if stdout is not None and stdout.note():
             print(f"omni: {stdout.note()}", file=sys.stderr, flush=True)
-        return RunSummary(total=len(self.rows), ok=ok, failed=len(self.rows) - ok, interrupted=signum is not None,
-                          exit_code=code)
+        return RunSummary(total=len(self.rows), ok=ok, failed=len(self.rows) - ok - rejected,
+                          interrupted=signum is not None, exit_code=code, rejected=rejected)
 
     def _write_manifest(self, found: dict) -> dict[int, str]:
         """Every row's line: Ray's, else the checks' error, else why it did not finish."""
@@ -223,7 +224,8 @@ class _Job:
             "prompts": self.prompt_info,
             "totals": {"rows": len(self.rows), "ok": ok, "interrupted": interrupted,
                        **{key: sum(rec.get("status") == status for rec in recs) for key, status in
-                          (("failed", "failed"), ("interrupted_rows", "interrupted"), ("skipped_rows", "skipped"))},
+                          (("failed", "failed"), ("rejected", "rejected"), ("interrupted_rows", "interrupted"),
+                           ("skipped_rows", "skipped"))},
                        "frames": sum(rec.get("frames") or 0 for rec in recs),
                        "audio_s": round(sum(rec.get("duration_s") or 0.0 for rec in recs), 3),
                        "kept": kept,  # rows an earlier job committed, skipped by the checkpoint

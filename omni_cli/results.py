@@ -12,7 +12,7 @@ import time
 import numpy as np
 from rich.markup import escape
 
-from omni_cli.output import OutputWriter
+from omni_cli.output import REJECTED_DIR, OutputWriter
 from omni_cli.progress import Progress
 from omni_cli.prompts import PromptRow
 from omni_cli.scheduler import Request
@@ -43,11 +43,13 @@ class RowResults:
     def __init__(self, writer: OutputWriter, progress: Progress, real_code_mask, quiet: bool):
         self.writer, self.progress, self.quiet = writer, progress, quiet
         self._real_code_mask = real_code_mask  # the family's: tokens [T, C] -> bool
-        self.ok = self.failed = 0  # failed: rows that failed on their own
+        self.ok = self.failed = self.rejected = 0  # failed: rows that failed on their own
         self.interrupted = self.skipped = 0  # rows a signal or --max-failures stopped first
         self.write_busy: list[float] = []  # seconds per row written, on the writer threads
         self._lock = threading.Lock()
         self.rows: dict[str, tuple] = {}  # request id -> (its prompt row, its system prompt, ...)
+        self.quality = None  # the scoring stage (omni_cli/quality/stage.py), where the run scores rows
+        self.sample_rate = writer.sample_rate
 
     def fail(self, row: int, rid: str, fields: dict, error: str, status: str = "failed") -> None:
         """A row that did not come out: failed (an error of its own) or, after the run stopped,
@@ -78,22 +80,36 @@ class RowResults:
                   tokens: np.ndarray, logprobs: np.ndarray, raw, samples, extra_meta: dict | None = None,
                   extra_arrays: dict | None = None) -> bool:
         """One row's files and manifest row (or its failure): a request's, or a long row's chunks joined
-        (omni_cli/chunked.py: extra_meta and extra_arrays add its chunk fields and arrays). True: ok."""
-        rid = row.id
+        (omni_cli/chunked.py: extra_meta and extra_arrays add its chunk fields and arrays). True: ok.
+        With scoring on (omni_cli/quality/stage.py) the attempt goes to the scoring stage instead,
+        which writes the attempt it keeps through commit."""
+        error = None
         if isinstance(samples, Exception):
-            self.fail(row.row, rid, input_fields(row, system),
-                      f"row {row.row}: decoding its audio failed: {samples}")
+            error = f"decoding its audio failed: {samples}"
+        elif len(samples) == 0:  # a 44-byte wav is no result: the row ended before its first whole frame
+            error = (f"it generated no audio: its speech ended after {len(tokens)} frames, before the first whole "
+                     f"frame of audio (finish reason: {finish_reason})")
+        elif not np.isfinite(logprobs).all():  # garbage, not a result: a sampling value past what float32 holds
+            error = ("its logprobs are not finite (NaN or infinite): a sampling value (temperature, "
+                     "repetition_penalty) outside what the model's arithmetic holds")
+        if self.quality is not None and self.quality.handles(row.id):
+            payload = None if error else (seed, finish_reason, params, np.array(tokens), np.array(logprobs),
+                                          None if raw is None else np.array(raw), samples, extra_meta, extra_arrays)
+            self.quality.attempt(row, seed, payload, error)  # the arrays copied: the request's frames are released
+            return error is None
+        if error is not None:
+            self.fail_row(row, system, error)
             return False
-        if len(samples) == 0:  # a 44-byte wav is no result: the row ended before its first whole frame
-            self.fail(row.row, rid, input_fields(row, system),
-                      f"row {row.row}: it generated no audio: its speech ended after {len(tokens)} frames, before "
-                      f"the first whole frame of audio (finish reason: {finish_reason})")
-            return False
-        if not np.isfinite(logprobs).all():  # garbage, not a result: a sampling value past what float32 holds
-            self.fail(row.row, rid, input_fields(row, system),
-                      f"row {row.row}: its logprobs are not finite (NaN or infinite): a sampling value "
-                      f"(temperature, repetition_penalty) outside what the model's arithmetic holds")
-            return False
+        return self.commit(row, system, (seed, finish_reason, params, tokens, logprobs, raw, samples, extra_meta,
+                                         extra_arrays), {}, False, digest)
+
+    def commit(self, row: PromptRow, system: str, payload: tuple, fields: dict, aside: bool,
+               digest: str | None = None) -> bool:
+        """Write a row's kept attempt: fields, the scoring's manifest fields (status ok or rejected,
+        scores, attempts); aside: its files under rejected/ (--drop-rejected). True: written."""
+        seed, finish_reason, params, tokens, logprobs, raw, samples, extra_meta, extra_arrays = payload
+        rid = row.id
+        digest = digest if digest is not None else self.rows[rid][3]
         t_write = time.perf_counter()
         meta = {"row": row.row, "text": row.text, "scene": row.scene, "system": system, **row.fields, "seed": seed,
                 "finish_reason": finish_reason, **params.as_record(), "row_hash": digest,
@@ -101,15 +117,25 @@ class RowResults:
                 **({"warnings": list(row.warnings)} if row.warnings else {})}
         if row.reference is not None:
             meta["reference"] = reference_record(row)
+        meta.update(fields)
+        status = fields.get("status", "ok")
         try:
-            record = self.writer.write_ok(row.row, rid, samples, tokens, logprobs,
-                                          self._real_code_mask(tokens), meta, raw, extra_arrays)
+            record = self.writer.write_ok(row.row, rid, samples, tokens, logprobs, self._real_code_mask(tokens), meta,
+                                          raw, extra_arrays, subdir=REJECTED_DIR if aside else "")
         except Exception as e:  # noqa: BLE001  (a full disk, a bad value: this row only)
             self.fail(row.row, rid, input_fields(row, system),
                       f"row {row.row}: writing its outputs failed: {type(e).__name__}: {e}")
             return False
         with self._lock:
-            self.ok += 1
+            self.ok += status == "ok"
+            self.rejected += status == "rejected"
             self.write_busy.append(time.perf_counter() - t_write)
-        self.progress.row_done(record["duration_s"], "ok")
+        if "scores" in fields:
+            self.progress.scores(fields["scores"])
+        self.progress.row_done(record["duration_s"], status)
         return True
+
+    def fail_row(self, row: PromptRow, system: str, error: str, attempts: list | None = None) -> None:
+        """A row that failed on its own; attempts: each attempt's record, where it had several."""
+        fields = input_fields(row, system) | ({"attempts": attempts} if attempts else {})
+        self.fail(row.row, row.id, fields, f"row {row.row}: {error}")

@@ -41,7 +41,8 @@ def run_record(opts, config, model, results, progress, audio, stats, interrupted
         "prefix_cache": model.runner.kv_blocks.stats.as_record() if model.runner.kv_blocks is not None else None,
         "command": {k: (str(v) if isinstance(v, Path) else v) for k, v in opts.__dict__.items()},
         # failed: rows that failed on their own; interrupted_rows, skipped_rows: rows stopped before they ran
-        "totals": {"rows": progress.total, "ok": results.ok, "failed": results.failed, "interrupted": interrupted,
+        "totals": {"rows": progress.total, "ok": results.ok, "rejected": results.rejected, "failed": results.failed,
+                   "interrupted": interrupted,
                    "interrupted_rows": results.interrupted, "skipped_rows": results.skipped,
                    "frames": progress.frames, "audio_s": round(progress.audio_s, 3)},
         # generate_s: after the load and the warm-up (both startup), to the last file
@@ -111,7 +112,8 @@ def devices_record(opts, config, workers, progress, rows: int, statuses: dict[st
         "versions": versions(), "config": config.as_dict(), "device": list(opts.devices),
         "dtype": config.dtype, "kv_slots": [w["kv_slots"] for w in per_worker if w["kv_slots"] is not None],
         "command": {k: (str(v) if isinstance(v, Path) else v) for k, v in opts.__dict__.items()},
-        "totals": {"rows": rows, "ok": statuses.get("ok", 0), "failed": statuses.get("failed", 0),
+        "totals": {"rows": rows, "ok": statuses.get("ok", 0), "rejected": statuses.get("rejected", 0),
+                   "failed": statuses.get("failed", 0),
                    "interrupted": code in (130, 143), "interrupted_rows": statuses.get("interrupted", 0),
                    "skipped_rows": statuses.get("skipped", 0),
                    "frames": progress.frames, "audio_s": round(progress.audio_s, 3),

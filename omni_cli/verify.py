@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from omni_cli.errors import OmniError
+from omni_cli.folder import KEPT_STATUSES
 from omni_cli.generate import GenerateOptions, run_generate
 from omni_cli.runners.sampling.params import FIELD_NAMES
 
@@ -51,7 +52,7 @@ def _rerun_row(r: dict, keep: tuple) -> dict:
 
 def run_verify(out: Path, sample: int, batch_size: int | None, seed: int, quiet: bool) -> list[RowCheck]:
     run, rows = _load(out)
-    ok_rows = [r for r in rows if r.get("status") == "ok"]
+    ok_rows = [r for r in rows if r.get("status") in KEPT_STATUSES]  # a rejected row's kept attempt too
     if not ok_rows:
         raise OmniError(f"{out} has no ok rows to verify")
     rng = random.Random(seed)
@@ -76,10 +77,10 @@ def run_verify(out: Path, sample: int, batch_size: int | None, seed: int, quiet:
             chunk_buffer=cmd.get("chunk_buffer", 2),
         ))
         checks = []
-        for r in picked:
-            audio_equal = (out / r["file_name"]).read_bytes() == (again / r["file_name"]).read_bytes() \
-                if (again / r["file_name"]).exists() else False
-            npz_equal = (out / r["logprobs_file"]).read_bytes() == (again / r["logprobs_file"]).read_bytes() \
-                if (again / r["logprobs_file"]).exists() else False
+        for r in picked:  # the rerun scores nothing: its files are under audio/ and logprobs/ (not rejected/)
+            fresh_audio, fresh_npz = again / f"audio/{r['id']}.{cmd.get('fmt', 'wav')}", again / f"logprobs/{r['id']}.npz"
+            audio_equal = (out / r["file_name"]).read_bytes() == fresh_audio.read_bytes() \
+                if fresh_audio.exists() else False
+            npz_equal = (out / r["logprobs_file"]).read_bytes() == fresh_npz.read_bytes() if fresh_npz.exists() else False
             checks.append(RowCheck(r["id"], audio_equal, npz_equal))
     return checks

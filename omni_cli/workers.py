@@ -331,7 +331,7 @@ class _Supervisor:
         elif run_failed:
             code = EXIT_RUN_FAILED
         else:
-            code = EXIT_ROWS_FAILED if ok < rows else EXIT_OK
+            code = EXIT_ROWS_FAILED if ok + statuses["rejected"] < rows else EXIT_OK
         faults = [((w.end[1].get("totals") or {}).get("run_error")) for w in self.workers if w.ended("done")]
         errors = list(dict.fromkeys([*self.lost.values(), *filter(None, faults)]))
         record = devices_record(self.opts, self.config, self.workers, self.progress, rows, statuses, code, errors, t0)
@@ -341,4 +341,5 @@ class _Supervisor:
                 self.progress.print_line(f"omni: {line}")
         if self.stdout is not None and self.stdout.note():
             self.progress.print_line(f"omni: {self.stdout.note()}")
-        return RunSummary(total=rows, ok=ok, failed=statuses["failed"], interrupted=sig is not None, exit_code=code)
+        return RunSummary(total=rows, ok=ok, failed=statuses["failed"], interrupted=sig is not None, exit_code=code,
+                          rejected=statuses["rejected"])

@@ -10,6 +10,8 @@ OMNI_TEST_KILL:
   term2:N       SIGTERM and SIGINT there (the same signal twice would merge into one while
                 pending): the second handled exits at once
 
+OMNI_TEST_PLANTED_ASR=1: --score asr transcribes with tests/planted_asr.py (no Whisper).
+
 OMNI_TEST_WORKER_KILL=SHARE:ATTEMPTS:N (--devices, tests/test_devices.py): a worker process of
 share SHARE, on an attempt listed in ATTEMPTS (0: the first run, 1: its rerun; e.g. 0 or 0,1),
 SIGKILLs itself after its N-th row's files and manifest line were written.
@@ -123,6 +125,10 @@ if __name__ == "__mp_main__" and os.environ.get("OMNI_TEST_WORKER_TERM"):
 if __name__ == "__main__":
     if os.environ.get("OMNI_TEST_KILL"):
         _install(os.environ["OMNI_TEST_KILL"])
+    if os.environ.get("OMNI_TEST_PLANTED_ASR"):  # --score asr with tests/planted_asr.py's transcripts
+        from tests.planted_asr import install
+
+        install()
     from omni_cli.cli import app
 
     app(sys.argv[1:], prog_name="omni")

@@ -46,6 +46,13 @@ POLY_BAK = (-0.13166888, 1.60915514, -0.39604546)
 POLY_OVR = (-0.06766283, 1.11546468, 0.04602535)
 
 
+def cuda_provider() -> bool:
+    """Whether the installed onnxruntime has its CUDA provider (onnxruntime-gpu)."""
+    import onnxruntime as ort
+
+    return "CUDAExecutionProvider" in ort.get_available_providers()
+
+
 def default_model_dir() -> Path | None:
     """speechmos's dnsmos_models folder, found without importing speechmos (it imports librosa)."""
     spec = importlib.util.find_spec("speechmos")

@@ -30,7 +30,7 @@ from omni_cli.loop import run_loop
 from omni_cli.output import StdoutLines
 from omni_cli.options import EXIT_OK, EXIT_ROWS_FAILED, EXIT_RUN_FAILED, GenerateOptions, RunSummary  # re-exported
 from omni_cli.prompts import PromptRow, read_prompts
-from omni_cli.quality.job import build_scorers, quality_record, start_stage
+from omni_cli.quality.job import quality_record, start_stage
 from omni_cli.quality.settings import quality_settings
 from omni_cli.results import RowResults, input_fields
 from omni_cli.run_record import async_summary, run_record
@@ -94,7 +94,7 @@ def _run(opts: GenerateOptions, config: ModelConfig, base_params: SamplingParams
          family: type[ModelFamily], clips: dict, t: dict, guard: SignalGuard, io: LocalIO) -> RunSummary:
     spec = load_spec(config, opts)
     quality = quality_settings(config.quality, config.path, opts)
-    scorers, t["scorers_s"] = build_scorers(quality, str(spec.device)) if quality.enabled else ({}, 0.0)
+    scorers, t["scorers_s"] = io.scorers(quality, str(spec.device)) if quality.enabled else ({}, 0.0)
     if encodes_any(family, spec, clips):  # the encoder loads with the model, not in the generate phase
         spec = replace(spec, encode_references=True)
     model = io.load(family, spec)
@@ -171,6 +171,7 @@ def _run(opts: GenerateOptions, config: ModelConfig, base_params: SamplingParams
             audio.drain()  # rows still waiting (after Ctrl-C, say), and every file on disk
             if stage is not None:
                 stage.close()  # the last attempts scored and written
+                io.done_scoring(scorers)
             t["written"] = time.perf_counter()
         try:
             audio.check()

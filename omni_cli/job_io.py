@@ -36,6 +36,16 @@ class LocalIO:
     def load(self, family, spec):
         return family.load(spec)
 
+    def scorers(self, settings, device: str) -> tuple[dict, float]:
+        """The enabled scorers, loaded (omni_cli/quality/job.py), and the seconds it took."""
+        from omni_cli.quality.job import build_scorers
+
+        return build_scorers(settings, device)
+
+    def done_scoring(self, scorers: dict) -> None:
+        for scorer in scorers.values():
+            scorer.close()
+
     def earlier(self, out: Path) -> dict[str, dict]:
         """--resume: the earlier run's manifest rows, by id."""
         return {e["id"]: e for e in read_manifest_lenient(out / "metadata.jsonl")}

@@ -55,8 +55,17 @@ class _CollectWriter(OutputWriter):
 class _ActorIO(LocalIO):
     """A batch's rows, the loaded model and the batch's earlier lines; no lock, no handlers."""
 
-    def __init__(self, rows: list, earlier: dict, model):
+    def __init__(self, rows: list, earlier: dict, model, scorer_cache: dict):
         self.rows, self._earlier, self._model, self.writer_ = rows, earlier, model, None
+        self._scorer_cache = scorer_cache  # the actor's: scorers load once, on its first call
+
+    def scorers(self, settings, device: str) -> tuple[dict, float]:
+        if "built" not in self._scorer_cache:
+            self._scorer_cache["built"] = super().scorers(settings, device)[0]
+        return self._scorer_cache["built"], 0.0
+
+    def done_scoring(self, scorers: dict) -> None:
+        pass  # kept for the actor's next call
 
     def guard(self):
         from omni_cli.signals import SignalGuard
@@ -100,13 +109,14 @@ class OmniActor:
 
             use_all_cpu_threads()
         self.model = family_class(config.family, config.path).load(load_spec(config, self.opts))
+        self.scorer_cache: dict = {}
 
     def __call__(self, batch: dict) -> dict:
         from omni_cli.generate import run_generate
 
         rows = [pickle.loads(p) for p in batch["payload"]]
         earlier = {r.id: json.loads(line) for r, line in zip(rows, batch["earlier"]) if line}
-        io = _ActorIO(rows, earlier, self.model)
+        io = _ActorIO(rows, earlier, self.model, self.scorer_cache)
         # --resume's rules against the batch's earlier lines: a row whose files are intact is kept
         run_generate(replace(self.opts, resume=True, overwrite=False, quiet=True, jsonl_stdout=False), io)
         lines = io.writer_.lines() if io.writer_ is not None else {}

@@ -125,10 +125,9 @@ class QualityStage:
             return self._busy == 0
 
     def close(self) -> None:
+        """Every attempt handed in is decided; the scorers stay loaded (their owner closes them)."""
         self._queue.put(None)
         self._thread.join()
-        for scorer in self.scorers.values():
-            scorer.close()
 
     def check(self) -> None:
         if self.error is not None:

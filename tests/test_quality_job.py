@@ -125,10 +125,14 @@ def test_rerun_is_byte_identical(retried):
 def test_resume_after_a_kill_among_retries(retried, tmp_path):
     prompts, reference, _ = retried
     out = tmp_path / "out"
-    env = dict(os.environ, OMNI_TEST_PLANTED_ASR="1", OMNI_TEST_KILL="mid:5", TOKENIZERS_PARALLELISM="false")
+    attempts = sum(len(r["attempts"]) for r in read_manifest(reference))
+    assert attempts - len(ROWS) >= 2, "fewer than two retries: the kill would not fall among them"
+    # killed with one attempt left: the retries before it are written, the run's last still to come
+    kill = f"mid:{attempts - 1}"
+    env = dict(os.environ, OMNI_TEST_PLANTED_ASR="1", OMNI_TEST_KILL=kill, TOKENIZERS_PARALLELISM="false")
     cmd = [sys.executable, "-m", "tests.killing", "generate", str(prompts), "-o", str(out), *FLAGS, "--retry", "3"]
     res = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
-    assert res.returncode == -9, res.stderr  # killed after five attempts reached the scoring stage
+    assert res.returncode == -9, res.stderr
     res = subprocess.run(cmd + ["--resume"], cwd=REPO, env=dict(env, OMNI_TEST_KILL=""), capture_output=True,
                          text=True, timeout=300)
     assert res.returncode == 0, res.stderr

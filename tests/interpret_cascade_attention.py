@@ -14,7 +14,8 @@ import sys
 
 import torch
 
-from tests.interpret_decode_attention import _patch_interpreter_dot, _patch_interpreter_scalars
+from tests.interpret_decode_attention import (_patch_interpreter_calls, _patch_interpreter_dot,
+                                              _patch_interpreter_scalars)
 
 BS = 16
 
@@ -160,6 +161,7 @@ def check_engine() -> list[str]:
 
 
 def main() -> int:
+    _patch_interpreter_calls()
     _patch_interpreter_scalars()
     _patch_interpreter_dot()
     failures = []

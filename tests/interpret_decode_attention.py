@@ -27,6 +27,37 @@ def _patch_interpreter_scalars() -> None:
     interp._patch_lang_tensor = patched
 
 
+def _patch_interpreter_calls() -> None:
+    # a @triton.jit helper's every call re-runs _patch_lang: nothing left to do in a launch that patched its modules
+    import inspect
+
+    import triton.language as tl
+
+    patch_lang, launch = interp._patch_lang, interp.GridExecutor.__call__
+    patched: list[set] = []  # per launch under way: the modules its _patch_lang calls patched
+    langs: dict = {}  # fn -> the language modules its globals hold (what _patch_lang patches for it)
+
+    def lazy_patch_lang(fn):
+        if fn not in langs:
+            langs[fn] = {id(v) for v in fn.__globals__.values() if inspect.ismodule(v) and v in (tl, tl.core)}
+        if patched and langs[fn] and langs[fn] <= patched[-1]:
+            return interp._LangPatchScope()  # nothing to restore: the launch's scope restores them
+        scope = patch_lang(fn)
+        if patched:
+            patched[-1] |= langs[fn]
+        return scope
+
+    def tracked_launch(self, *args, **kwargs):
+        patched.append(set())
+        try:
+            return launch(self, *args, **kwargs)
+        finally:
+            patched.pop()
+
+    interp._patch_lang = lazy_patch_lang
+    interp.GridExecutor.__call__ = tracked_launch
+
+
 def _patch_interpreter_dot() -> None:
     # the interpreter's tl.dot is numpy's float32 matmul, whose BLAS picks its blocking (and so its
     # rounding) from the tile's shape: the GPU's tensor cores add a row's products in k order
@@ -131,6 +162,7 @@ def _check(decode_attention, block: int, splits: int, d: int) -> list[str]:
 
 
 def main() -> int:
+    _patch_interpreter_calls()
     _patch_interpreter_scalars()
     import omni_cli.runners.decode_attention as da
     from omni_cli.runners.decode_attention import BLOCK_N, ONE_ROW_SPLITS, decode_attention

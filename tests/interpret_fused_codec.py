@@ -24,6 +24,9 @@ torchaudio_standin.install()  # before transformers is imported: its torchaudio 
 
 
 def main() -> int:
+    from tests.interpret_decode_attention import _patch_interpreter_calls
+
+    _patch_interpreter_calls()
     ok = [_snake_matches(), _masked_codec_matches(), _half_codec_matches(), _snake_beta_matches(),
           _qwen3_vocoder_matches()]
     return 0 if all(ok) else 1

@@ -24,7 +24,7 @@ import sys
 
 import torch
 
-from tests.interpret_decode_attention import _patch_interpreter_scalars, paged
+from tests.interpret_decode_attention import _patch_interpreter_calls, _patch_interpreter_scalars, paged
 
 
 def unpaged(blocks: torch.Tensor, table: torch.Tensor, length: int) -> torch.Tensor:
@@ -35,6 +35,7 @@ def unpaged(blocks: torch.Tensor, table: torch.Tensor, length: int) -> torch.Ten
 
 
 def main() -> int:
+    _patch_interpreter_calls()
     _patch_interpreter_scalars()
     import omni_cli.runners.attention as attention
     import omni_cli.runners.cuda_graphs as cuda_graphs

@@ -27,7 +27,7 @@ import triton
 import triton.language as tl
 
 from omni_cli.runners.sampling.fused_draw import _argmax2, _key, _max2, _noisy, _sum2
-from tests.interpret_decode_attention import _patch_interpreter_scalars
+from tests.interpret_decode_attention import _patch_interpreter_calls, _patch_interpreter_scalars
 
 
 @triton.jit
@@ -203,6 +203,7 @@ def _subset_case(g: torch.Generator, vocab: int, parts: list[int], fused_draw_ro
 
 
 def main() -> int:
+    _patch_interpreter_calls()
     _patch_interpreter_scalars()
     from omni_cli.runners.sampling.fused_draw import fused_draw_rows
     from omni_cli.runners.sampling.ops import draw_rows

@@ -47,6 +47,9 @@ def _same(a: SimpleNamespace, b: SimpleNamespace) -> list[str]:
 
 
 def main() -> int:
+    from tests.interpret_decode_attention import _patch_interpreter_calls
+
+    _patch_interpreter_calls()
     g = torch.Generator().manual_seed(0)
     failures = []
     for trial in range(4):

@@ -22,7 +22,8 @@ import sys
 
 import torch
 
-from tests.interpret_decode_attention import _patch_interpreter_dot, _patch_interpreter_scalars
+from tests.interpret_decode_attention import (_patch_interpreter_calls, _patch_interpreter_dot,
+                                              _patch_interpreter_scalars)
 
 LENS = [5, 9, 3, 12, 7, 4, 10, 6]
 STEPS = 7  # decode steps: rows reach 10..19 keys, some past one 16-key block
@@ -66,14 +67,13 @@ def run(model, cfg, lens: list[int], steps: int, sizes) -> list[list[torch.Tenso
     return out
 
 
-def differing(model, cfg, lens: list[int], steps: int, sizes) -> int:
+def differing(got: list[list[torch.Tensor]], alone: list[list[torch.Tensor]]) -> int:
     """Rows whose logits at some step differ from their one-row run's."""
-    alone = run(model, cfg, lens, steps, [1] * (steps + 1))
-    got = run(model, cfg, lens, steps, sizes)
-    return sum(any(not torch.equal(x, y) for x, y in zip(got[r], alone[r])) for r in range(len(lens)))
+    return sum(any(not torch.equal(x, y) for x, y in zip(g, a)) for g, a in zip(got, alone, strict=True))
 
 
 def main() -> int:
+    _patch_interpreter_calls()
     _patch_interpreter_scalars()
     _patch_interpreter_dot()
     import omni_cli.runners.attention as attention
@@ -92,27 +92,30 @@ def main() -> int:
     model.to_runtime(torch.device("cpu"), torch.float32)
     assert model.fused
     sizes = [8, 2, 3, 4, 5, 6, 7, 8]  # prefill, then each step's batch size: 2..8 all met
-    found = differing(model, cfg, LENS, STEPS, sizes)
+    found = differing(run(model, cfg, LENS, STEPS, sizes), run(model, cfg, LENS, STEPS, [1] * (STEPS + 1)))
     print(f"rows differing from their one-row run at batch sizes {sizes}: {found} of {len(LENS)}")
 
     shipped_pick, shipped_attention = invariant_mm.pick_tile, decode_attention.decode_attention
+    shipped_tile = decode_attention.INVARIANT_TILE
 
-    def step_follows_rows(m, kind, k):  # a batch-dependent reduction step
-        bm, bn, _, warps, stages, tma = shipped_pick(m, kind, k)
-        return bm, bn, min(16 if m == 1 else 32, k & -k), warps, stages, tma
+    def step_follows_rows(m, kind, k):  # a batch-dependent reduction step (the shipped one at one row)
+        bm, bn, bk, warps, stages, tma = shipped_pick(m, kind, k)
+        return bm, bn, bk if m == 1 else min(16, k & -k), warps, stages, tma
 
-    def block_follows_rows(q, *args, invariant=False):  # a batch-dependent key block
-        decode_attention.INVARIANT_TILE = (16, 4) if q.shape[0] == 1 else (32, 4)
+    def block_follows_rows(q, *args, invariant=False):  # a batch-dependent key block (the shipped one at one row)
+        decode_attention.INVARIANT_TILE = shipped_tile if q.shape[0] == 1 else (16, 4)
         return shipped_attention(q, *args, invariant=invariant)
 
     import omni_cli.runners.higgs_audio_v2.invariant_step as invariant_step
 
     lens, steps = [16, 12], 2  # the first row reaches 18 keys: past a 16-key block
+    # both controls' kernels are the shipped ones at one row: the rows' one-row runs are these
+    alone = run(model, cfg, lens, steps, [1] * (steps + 1))
     invariant_mm.pick_tile = step_follows_rows
-    caught_mm = differing(model, cfg, lens, steps, [2] * (steps + 1))
+    caught_mm = differing(run(model, cfg, lens, steps, [2] * (steps + 1)), alone)
     invariant_mm.pick_tile = shipped_pick
     invariant_step.decode_attention = block_follows_rows
-    caught_attention = differing(model, cfg, lens, steps, [2] * (steps + 1))
+    caught_attention = differing(run(model, cfg, lens, steps, [2] * (steps + 1)), alone)
     print(f"negative controls, rows differing at batch 2: reduction step {caught_mm}, key block {caught_attention}")
     return 0 if not found and caught_mm and caught_attention else 1
 

@@ -16,7 +16,7 @@ import sys
 import torch
 import torch.nn.functional as F
 
-from tests.interpret_decode_attention import _patch_interpreter_scalars
+from tests.interpret_decode_attention import _patch_interpreter_calls, _patch_interpreter_scalars
 
 M, N, K = 5, 80, 96  # rows short of a 16-row block, columns short of a 32-column one
 
@@ -28,6 +28,7 @@ def close(got: torch.Tensor, want: torch.Tensor, what: str) -> bool:
 
 
 def main() -> int:
+    _patch_interpreter_calls()
     _patch_interpreter_scalars()
     from omni_cli.runners.fused_ops import add_rmsnorm
     from omni_cli.runners.invariant_mm import invariant_mm, invariant_mm_parts

@@ -25,7 +25,8 @@ from pathlib import Path
 
 import torch
 
-from tests.interpret_decode_attention import _patch_interpreter_dot, _patch_interpreter_scalars
+from tests.interpret_decode_attention import (_patch_interpreter_calls, _patch_interpreter_dot,
+                                              _patch_interpreter_scalars)
 
 REPO = Path(__file__).resolve().parent.parent
 LENS = [5, 9, 3]
@@ -108,6 +109,7 @@ def predictor_frame(model, hidden, code0, invariant: bool) -> tuple[torch.Tensor
 
 
 def main() -> int:
+    _patch_interpreter_calls()
     _patch_interpreter_scalars()
     _patch_interpreter_dot()  # tl.dot adds in k order, as the tensor cores do (numpy's order follows the tile)
     import omni_cli.runners.attention as attention

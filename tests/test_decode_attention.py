@@ -9,9 +9,10 @@ import pytest
 triton = pytest.importorskip("triton")
 
 
-@pytest.mark.parametrize("script", ["interpret_decode_attention", "interpret_fused_decode", "interpret_fused_draw",
-                                    "interpret_higgs_step", "interpret_fused_codec", "interpret_invariant_decode",
-                                    "interpret_invariant_mm", "interpret_qwen3_decode", "interpret_cascade_attention"])
+# longest first (the background thread's order): the checks left when the suite's own tests end, short, share the cores
+@pytest.mark.parametrize("script", ["interpret_fused_codec", "interpret_invariant_decode", "interpret_fused_draw",
+                                    "interpret_qwen3_decode", "interpret_fused_decode", "interpret_cascade_attention",
+                                    "interpret_decode_attention", "interpret_higgs_step", "interpret_invariant_mm"])
 def test_kernels_in_interpreter(script):
     from tests import background
 

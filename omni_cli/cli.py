@@ -9,15 +9,14 @@ Import-light: torch and the run code load inside the commands, never for --help.
 from __future__ import annotations
 
 import os
-import re
 import sys
 from pathlib import Path
 from typing import Optional
 
 import typer
-from typer.core import TyperCommand
 
-from omni_cli import __version__
+from omni_cli import __version__, cli_folders
+from omni_cli.cli_common import _Command, _run
 from omni_cli.errors import OmniError
 
 EXIT_CODES = ("Exit codes: 0 every row ok; 1 some rows failed (the others were written; rows found bad "
@@ -70,15 +69,6 @@ def _default_text(param, value: object) -> str:
     elif isinstance(value, tuple):
         value = ",".join(map(str, value)) or "none"
     return f"{value}, from the model config"
-
-
-class _Command(TyperCommand):
-    """Typer's plain help, with a list argument's type written <path>... rather than <list[Path]>."""
-
-    def format_help(self, ctx, formatter) -> None:
-        super().format_help(ctx, formatter)
-        formatter.buffer[:] = [re.sub(r"<list\[(\w+)\]>", lambda m: f"<{m.group(1).lower()}>...", piece)
-                               for piece in formatter.buffer]
 
 
 class _ConfigDefaultsCommand(_Command):
@@ -318,17 +308,8 @@ def voices_encode(
         raise typer.Exit(1)
 
 
-def _run(fn):
-    """Call fn, turning user-facing errors into a message and an exit code."""
-    try:
-        return fn()
-    except OmniError as e:
-        typer.echo(f"omni: error: {e}", err=True)
-        raise typer.Exit(e.exit_code) from None
-
-
 # the commands over an output folder (verify, merge, score) live beside this module
-from omni_cli import cli_folders  # noqa: E402,F401
+cli_folders.register(app)
 
 
 def main() -> None:

@@ -168,11 +168,11 @@ def write_inputs(root: Path, rows: int, frames: int, vary: int = 0, prompt_token
 def run(root: Path, rows: int, batch: int, frames: int, async_decode: bool, vary: int = 0,
         prompt_tokens: int = 0, voices: int = 0, max_seq_len: int = 512, warm_cache: bool = False,
         devices: str | None = None, family: str = "higgs_audio_v2", score: str | None = None,
-        score_batch: int = 64) -> dict:
+        score_batch: int = 64, asr_beams: int | None = None) -> dict:
     cfg, prompts = write_inputs(root, rows, frames, vary, prompt_tokens, voices, max_seq_len, family)
     if score:  # rows scored as they come out; nothing rejected, so every row runs once (the cost of scoring)
         cfg.write_text(cfg.read_text() + f"quality:\n  score: {score}\n  reject: none\n  batch_size: {score_batch}\n"
-                       f"  asr_model: {root / 'whisper'}\n")
+                       f"  asr_model: {root / 'whisper'}\n" + (f"  asr_beams: {asr_beams}\n" if asr_beams else ""))
     out = root / (f"out-{rows}-{batch}-{int(async_decode)}-{vary}-{prompt_tokens}-{voices}-{devices or 'one'}"
                   f"-{(score or 'none').replace(',', '+')}")
     cmd = [sys.executable, "-m", "omni_cli", "generate", str(prompts), "-o", str(out), "--model", str(cfg), "-q",
@@ -242,6 +242,7 @@ def main() -> None:
                                     "weights: benchmarks/scoring_models.py), e.g. asr,mos,degenerate")
     ap.add_argument("--compare-score", action="store_true", help="run each BATCH:ROWS also without --score")
     ap.add_argument("--score-batch", type=int, default=64, help="rows a scorer call takes (quality.batch_size)")
+    ap.add_argument("--asr-beams", type=int, help="Whisper's beams (quality.asr_beams; default: the pipeline's 5)")
     ap.add_argument("--out", type=Path, default=Path("e2e_generate.json"))
     ap.add_argument("--root", type=Path, default=None,
                     help="keep the checkpoint (and outputs) in this folder, and reuse a checkpoint already there: "
@@ -275,7 +276,7 @@ def main() -> None:
                                            for d in args.devices]:
                 results.append(run(root, rows, batch, args.frames, True, args.vary, args.prompt_tokens, voices,
                                    args.max_seq_len, args.warm_cache, devices, args.family, score,
-                                   args.score_batch))
+                                   args.score_batch, args.asr_beams))
                 # after every run: a later one cut short leaves the earlier ones
                 write_results(args.out, family=args.family, shape=shape, runs=results)
                 r = results[-1]

@@ -135,3 +135,20 @@ def test_cer_for_chinese_japanese_korean_and_the_normalisers():
     en = text.error_rate("It's 5 o'clock, Mr. Smith.", "it is five o'clock mister smith", None)
     assert (en.metric, en.normalizer, en.value) == ("wer", "english", 0.0)  # plain ASCII: English normaliser
     assert text.error_rate("[music] (laughs)", "hello", "en").value is None  # nothing left to score
+
+
+def test_fewer_beams_give_the_pipelines_transcripts_with_as_many(ckpt, pipe, tmp_path):
+    """quality.asr_beams (1: greedy, faster) reaches Whisper: each transcript is the pipeline's with that many."""
+    from types import SimpleNamespace
+
+    from omni_cli.errors import ConfigError
+    from omni_cli.quality import job
+    from omni_cli.quality.settings import quality_settings
+
+    expected = [pipe(clip.copy(), generate_kwargs={"num_beams": 1})["text"] for clip in CLIPS]
+    yaml = tmp_path / "m.yaml"
+    settings = quality_settings({"score": "asr", "asr_beams": 1, "asr_model": str(ckpt)}, yaml, SimpleNamespace())
+    scorer = job.FACTORIES["asr"](settings, "cpu")
+    assert scorer.backend.transcribe(CLIPS, [None] * len(CLIPS)) == expected
+    with pytest.raises(ConfigError, match="quality.asr_beams"):
+        quality_settings({"score": "asr", "asr_beams": 0}, yaml, SimpleNamespace())

@@ -12,7 +12,7 @@ from omni_cli.runners.scoring import Scorer, scorer_class
 
 
 def _asr(s: QualitySettings, device: str) -> Scorer:
-    return scorer_class("asr")(model=s.asr_model, device=device, batch_size=s.batch_size)
+    return scorer_class("asr")(model=s.asr_model, device=device, batch_size=s.batch_size, num_beams=s.asr_beams)
 
 
 def _mos(s: QualitySettings, device: str) -> Scorer:

@@ -22,7 +22,7 @@ DEFAULT_ASR_MODEL = "openai/whisper-large-v3-turbo"
 DEFAULT_SPEAKER_MODEL = "microsoft/wavlm-base-plus-sv"  # the speaker_sim default threshold is this model's
 MAX_ATTEMPTS = 16  # best_of + retry: a row's attempts at most (each one a full generation)
 KEYS = ("score", "reject", "best_of", "retry", "drop_rejected", "asr_model", "speaker_model", "mos_model",
-        "batch_size")
+        "batch_size", "asr_beams")
 
 
 @dataclass(frozen=True)
@@ -36,6 +36,7 @@ class QualitySettings:
     speaker_model: str | None = None
     mos_model: str | None = None  # a folder holding DNSMOS's ONNX files; None: speechmos's own
     batch_size: int = 16  # rows a scorer call takes at most
+    asr_beams: int | None = None  # Whisper's beams; None: the ASR pipeline's default (faster with 1)
 
     @property
     def enabled(self) -> bool:
@@ -49,7 +50,7 @@ class QualitySettings:
         """run.json's `quality`, and what a row's hash covers where scoring is on (it picks the row's bytes)."""
         return {"scorers": list(self.scorers), "reject": [str(r) for r in self.rules], "best_of": self.best_of,
                 "retry": self.retry, "drop_rejected": self.drop_rejected, "asr_model": self.asr_model,
-                "speaker_model": self.speaker_model, "mos_model": self.mos_model}
+                "speaker_model": self.speaker_model, "mos_model": self.mos_model, "asr_beams": self.asr_beams}
 
 
 def parse_section(raw: Any, path: Path) -> dict[str, Any]:
@@ -59,7 +60,7 @@ def parse_section(raw: Any, path: Path) -> dict[str, Any]:
     for key, value in raw.items():
         if key not in KEYS:
             raise ConfigError(path, f"quality.{key}", f"unknown key (known: {', '.join(KEYS)})")
-        if key in ("best_of", "retry", "batch_size") and (not isinstance(value, int) or isinstance(value, bool)):
+        if key in ("best_of", "retry", "batch_size", "asr_beams") and (not isinstance(value, int) or isinstance(value, bool)):
             raise ConfigError(path, f"quality.{key}", f"must be an integer, got {value!r}")
         if key == "drop_rejected" and not isinstance(value, bool):
             raise ConfigError(path, f"quality.{key}", f"must be true or false, got {value!r}")
@@ -93,8 +94,12 @@ def quality_settings(section: dict[str, Any], path: Path | None, opts) -> Qualit
     except ScoreSpecError as e:
         fail(place, flag, str(e).removeprefix(f"{place}: "))
     counts = {}
-    for key, flag_name, low in (("best_of", "--best-of", 1), ("retry", "--retry", 0), ("batch_size", None, 1)):
+    for key, flag_name, low in (("best_of", "--best-of", 1), ("retry", "--retry", 0), ("batch_size", None, 1),
+                                ("asr_beams", None, 1)):
         value, place, flag = where(key, flag_name or f"quality.{key}")
+        if value is None and key == "asr_beams":
+            counts[key] = None
+            continue
         value = {"best_of": 1, "retry": 0, "batch_size": 16}[key] if value is None else value
         if not isinstance(value, int) or isinstance(value, bool) or value < low:
             fail(place, flag, f"must be an integer >= {low}, got {value!r}")
@@ -134,7 +139,8 @@ def quality_settings(section: dict[str, Any], path: Path | None, opts) -> Qualit
         models[key] = _location(value, place, flag, path, fail) if value is not None else default
     drop, _, _ = where("drop_rejected", "--drop-rejected")
     return QualitySettings(scorers=scorers, rules=rules, best_of=counts["best_of"], retry=counts["retry"],
-                           drop_rejected=bool(drop), batch_size=counts["batch_size"], **models)
+                           drop_rejected=bool(drop), batch_size=counts["batch_size"], asr_beams=counts["asr_beams"],
+                           **models)
 
 
 def _location(value: str, place: str, from_flag: bool, path: Path | None, fail) -> str:

@@ -48,12 +48,12 @@ class WhisperASR:
         self.model.to(self.device).eval()
         gc = self.model.generation_config
         set_params = gc.to_diff_dict()  # what the checkpoint sets: the pipeline adds defaults only past it
-        self.geneerrkwargs: dict = {"num_beams": int(num_beams) if num_beams is not None
+        self.generate_kwargs: dict = {"num_beams": int(num_beams) if num_beams is not None
                                       else (gc.num_beams if "num_beams" in set_params else PIPELINE_NUM_BEAMS)}
         if max_new_tokens is not None:
-            self.geneerrkwargs["max_new_tokens"] = int(max_new_tokens)
+            self.generate_kwargs["max_new_tokens"] = int(max_new_tokens)
         elif "max_new_tokens" not in set_params and "max_length" not in set_params:
-            self.geneerrkwargs["max_new_tokens"] = PIPELINE_MAX_NEW_TOKENS
+            self.generate_kwargs["max_new_tokens"] = PIPELINE_MAX_NEW_TOKENS
         self.lang_to_id = dict(getattr(gc, "lang_to_id", None) or {}) if getattr(gc, "is_multilingual", False) else {}
         fe = self.processor.feature_extractor
         self.sampling_rate, self.max_samples = int(fe.sampling_rate), int(fe.n_samples)
@@ -84,7 +84,7 @@ class WhisperASR:
     def _generate(self, feats, language: str | None) -> list[str]:
         features_gpu = feats["input_features"].to(self.device, self.dtype)  # [B, mels, frames] (on the model's device)
         mask_gpu = feats["attention_mask"].to(self.device)
-        kwargs = dict(self.geneerrkwargs, **({"language": language} if language else {}))
+        kwargs = dict(self.generate_kwargs, **({"language": language} if language else {}))
         out = self.model.generate(input_features=features_gpu, attention_mask=mask_gpu, **kwargs)
         seqs = out["sequences"] if isinstance(out, dict) else out
         return [self._text(s.tolist()) for s in seqs]

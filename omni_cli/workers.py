@@ -260,6 +260,8 @@ class _Supervisor:
                     self.counted.add(row)
                     rec = json.loads(line)
                     self.progress.device_row(w.slot, rec.get("duration_s") or 0.0, rec.get("status") or "failed")
+                    if rec.get("scores"):  # the workers' scores, for the running means
+                        self.progress.scores(rec["scores"])
             elif kind == "steps":
                 self.progress.worker_steps(w.spec.serial, w.slot, msg[1])
             elif kind == "print":

@@ -201,11 +201,14 @@ def test_yaml_quality_section_errors_name_file_and_key(tmp_path):
 def test_two_worker_processes_score_as_one_process(tmp_path):
     """--devices: each worker scores its share; the folder is byte-identical to one process's."""
     prompts = write_jsonl(tmp_path / "p.jsonl", ROWS)
-    flags = ("--deterministic", "--seed", "11", "-q", "--score", "degenerate", "--reject", "seconds_per_char>0.15")
+    flags = ("--deterministic", "--seed", "11", "--score", "degenerate", "--reject", "seconds_per_char>0.15")
     assert run_cli("generate", prompts, "-o", tmp_path / "one", *flags).exit_code == 0
     res = run_cli("generate", prompts, "-o", tmp_path / "two", *flags, "--devices", "cpu,cpu")
     assert res.exit_code == 0, res.output
     assert digests(tmp_path / "two") == digests(tmp_path / "one")
-    statuses = {r["status"] for r in read_manifest(tmp_path / "one")}
+    rows = read_manifest(tmp_path / "one")
     run = json.loads((tmp_path / "two" / "run.json").read_text())
-    assert run["totals"]["ok"] + run["totals"]["rejected"] == len(ROWS) and statuses <= {"ok", "rejected"}
+    assert run["totals"]["ok"] + run["totals"]["rejected"] == len(ROWS) and {r["status"] for r in rows} <= {"ok", "rejected"}
+    # the parent's summary line carries the means of the workers' scores
+    mean = sum(r["scores"]["seconds_per_char"] for r in rows) / len(rows)
+    assert f"seconds_per_char {mean:.3g}" in res.output, res.output

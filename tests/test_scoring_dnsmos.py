@@ -108,3 +108,25 @@ def test_resampled_rows_silence_and_no_audio(ours):
     a, b, c = ours.score([_row(clip_24k, 24000), _row(loud, 24000), _row(np.zeros(0, np.float32), 24000)])
     assert all(1.0 < a[n] < 5.0 for n in NAMES) and a != b
     assert c == dict.fromkeys(NAMES) and c.reasons["dnsmos_ovrl"] == "no audio"
+
+
+def test_torch_runtime_equals_onnxruntime(dnsmos, ours):
+    """The torch executor (runners/scoring/onnx_torch.py: DNSMOS on a CUDA device without onnxruntime-gpu)
+    scores as onnxruntime does, and as speechmos where its windowing is right, on the CPU."""
+    by_torch = DnsmosScorer(runtime="torch")
+    assert by_torch.runtime == "torch" and ours.runtime == "onnxruntime"
+    clips = [tone(3.0, 220, rate=RATE, seed=1), tone(9.5, 400, rate=RATE, seed=2), tone(12.0, 150, rate=RATE, seed=3)]
+    got, ref = by_torch.score([_row(c) for c in clips]), ours.score([_row(c) for c in clips])
+    for g, r, clip in zip(got, ref, clips):
+        assert [g[n] for n in NAMES] == pytest.approx([r[n] for n in NAMES], abs=1e-5)
+    assert [got[0][n] for n in NAMES] == pytest.approx(_theirs(dnsmos, clips[0]), abs=1e-5)
+
+
+@pytest.mark.gpu
+def test_on_cuda_within_rounding_of_the_cpu(ours):
+    """On CUDA (onnxruntime-gpu, else the torch executor) the scores are the CPU's within conv rounding."""
+    on_cuda = DnsmosScorer(device="cuda")
+    clips = [tone(3.0, 220, rate=RATE, seed=1), tone(12.0, 150, rate=RATE, seed=3)]
+    got, ref = on_cuda.score([_row(c) for c in clips]), ours.score([_row(c) for c in clips])
+    for g, r in zip(got, ref):
+        assert [g[n] for n in NAMES] == pytest.approx([r[n] for n in NAMES], abs=2e-3)

@@ -16,12 +16,8 @@ def _asr(s: QualitySettings, device: str) -> Scorer:
 
 
 def _mos(s: QualitySettings, device: str) -> Scorer:
-    from omni_cli.runners.scoring.dnsmos import cuda_provider
-
-    if device.startswith("cuda") and not cuda_provider():  # onnxruntime without onnxruntime-gpu's provider
-        device = "cpu"
-    scorer = scorer_class("mos")(models=s.mos_model, device=device)
-    scorer.ran_on = device
+    scorer = scorer_class("mos")(models=s.mos_model, device=device)  # on CUDA without onnxruntime-gpu: torch
+    scorer.ran_on = f"{device} ({scorer.runtime})"
     return scorer
 
 

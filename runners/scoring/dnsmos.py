@@ -46,13 +46,6 @@ POLY_BAK = (-0.13166888, 1.60915514, -0.39604546)
 POLY_OVR = (-0.06766283, 1.11546468, 0.04602535)
 
 
-def cuda_provider() -> bool:
-    """Whether the installed onnxruntime has its CUDA provider (onnxruntime-gpu)."""
-    import onnxruntime as ort
-
-    return "CUDAExecutionProvider" in ort.get_available_providers()
-
-
 def default_model_dir() -> Path | None:
     """speechmos's dnsmos_models folder, found without importing speechmos (it imports librosa)."""
     spec = importlib.util.find_spec("speechmos")
@@ -142,19 +135,31 @@ class DnsmosScorer(Scorer):
     }
 
     def __init__(self, models: str | Path | None = None, device: str = "cpu", window_batch: int = 16,
-                 threads: int | None = None):
+                 threads: int | None = None, runtime: str = "auto"):
+        """runtime: "onnxruntime", "torch" (runners/scoring/onnx_torch.py), or "auto": onnxruntime, but
+        torch on a CUDA device where onnxruntime has no CUDA provider (onnxruntime-gpu not installed)."""
         import onnxruntime as ort
 
         folder = Path(models) if models is not None else default_model_dir()
         if folder is None or not (folder / PRIMARY).is_file() or not (folder / P808).is_file():
             raise FileNotFoundError(f"DNSMOS needs {PRIMARY} and {P808}: {folder or 'speechmos is not installed'} "
                                     "lacks them (pip install speechmos, or give a folder that holds both)")
+        if runtime not in ("auto", "onnxruntime", "torch"):
+            raise ValueError(f"DNSMOS runtime must be auto, onnxruntime or torch, got {runtime!r}")
         self.window_batch = max(1, int(window_batch))
-        self.fixed_groups = str(device).startswith("cuda")
+        self.fixed_groups = str(device).startswith("cuda")  # fixed shapes: a window's score ignores its batch
+        cuda_ort = "CUDAExecutionProvider" in ort.get_available_providers()
+        if runtime == "torch" or (runtime == "auto" and self.fixed_groups and not cuda_ort):
+            from .onnx_torch import TorchGraph
+
+            self.runtime = "torch"
+            self.primary, self.p808 = TorchGraph(folder / PRIMARY, device), TorchGraph(folder / P808, device)
+            return
+        self.runtime = "onnxruntime"
         if self.fixed_groups:
-            if "CUDAExecutionProvider" not in ort.get_available_providers():
-                raise RuntimeError("DNSMOS on CUDA needs onnxruntime's CUDA provider (pip install onnxruntime-gpu); "
-                                   f"this onnxruntime has {', '.join(ort.get_available_providers())}")
+            if not cuda_ort:
+                raise RuntimeError("DNSMOS on CUDA through onnxruntime needs its CUDA provider (pip install "
+                                   f"onnxruntime-gpu); this onnxruntime has {', '.join(ort.get_available_providers())}")
             index = int(str(device).partition(":")[2] or 0)
             providers = [("CUDAExecutionProvider", {"device_id": index, "cudnn_conv_algo_search": "DEFAULT"}),
                          "CPUExecutionProvider"]

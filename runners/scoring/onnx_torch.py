@@ -157,9 +157,15 @@ def _maxpool(x, kernel_shape, strides=None, pads=None, auto_pad="NOTSET", ceil_m
     return F.max_pool2d(x, kernel_shape, strides or kernel_shape, ceil_mode=bool(ceil_mode))
 
 
+def _unsqueeze(x, axes):
+    for axis in sorted(a % (x.dim() + len(axes)) for a in axes):  # ONNX: axes of the output
+        x = x.unsqueeze(axis)
+    return x
+
+
 OPS = {
     "Slice": lambda a, *x: _slice(*x),
-    "Reshape": lambda a, x, shape: x.reshape([int(s) for s in shape.tolist()]),
+    "Reshape": lambda a, x, shape: x.reshape([x.shape[i] if s == 0 else int(s) for i, s in enumerate(shape.tolist())]),
     "Concat": lambda a, *x: torch.cat(x, dim=a["axis"]),
     "Transpose": lambda a, x: x.permute(*a["perm"]),
     "Conv": lambda a, *x: _conv(*x, **a),
@@ -170,7 +176,7 @@ OPS = {
     "Pow": lambda a, x, y: torch.pow(x, y),
     "Max": lambda a, x, y: torch.maximum(x, y),
     "Log": lambda a, x: torch.log(x),
-    "Unsqueeze": lambda a, x: x.unsqueeze(a["axes"][0]) if len(a["axes"]) == 1 else None,
+    "Unsqueeze": lambda a, x: _unsqueeze(x, a["axes"]),
     "Relu": lambda a, x: torch.relu(x),
     "MaxPool": lambda a, x: _maxpool(x, **a),
     "ReduceMax": lambda a, x: torch.amax(x, dim=a["axes"], keepdim=bool(a.get("keepdims", 1))),

@@ -5,6 +5,7 @@ again from its audio file alone (`planted`)."""
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 
 import numpy as np
@@ -47,3 +48,16 @@ def install() -> None:
     from omni_cli.quality import job
 
     job.FACTORIES["asr"] = lambda settings, device: PlantedAsr()
+
+
+@contextlib.contextmanager
+def planted_asr():
+    """The planted ASR installed for a module-scoped fixture's runs (monkeypatch is per test)."""
+    from omni_cli.quality import job
+
+    before = job.FACTORIES["asr"]
+    job.FACTORIES["asr"] = lambda settings, device: PlantedAsr()
+    try:
+        yield
+    finally:
+        job.FACTORIES["asr"] = before

@@ -53,19 +53,14 @@ def audio_of(path) -> np.ndarray:
 @pytest.fixture(scope="module")
 def retried(tmp_path_factory):
     """ROWS under --retry 3, and the same run again into a second folder."""
-    from omni_cli.quality import job
-    from tests.planted_asr import PlantedAsr
+    from tests.planted_asr import planted_asr
 
     tmp = tmp_path_factory.mktemp("retry")
     prompts = write_jsonl(tmp / "p.jsonl", ROWS)
-    before = job.FACTORIES["asr"]
-    job.FACTORIES["asr"] = lambda settings, device: PlantedAsr()
-    try:
+    with planted_asr():
         for name in ("a", "b"):
             res = run_cli("generate", prompts, "-o", tmp / name, *FLAGS, "--retry", "3")
             assert res.exit_code == 0, res.output
-    finally:
-        job.FACTORIES["asr"] = before
     return prompts, tmp / "a", tmp / "b"
 
 

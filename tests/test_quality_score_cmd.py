@@ -53,18 +53,14 @@ def counting_asr(monkeypatch):
 @pytest.fixture(scope="module")
 def folders(tmp_path_factory):
     """ROWS generated without scoring, and with ORACLE's scoring."""
-    from omni_cli.quality import job
+    from tests.planted_asr import planted_asr
 
     tmp = tmp_path_factory.mktemp("score-cmd")
     prompts = write_jsonl(tmp / "p.jsonl", ROWS)
-    before = job.FACTORIES["asr"]
-    job.FACTORIES["asr"] = lambda settings, device: PlantedAsr()
-    try:
+    with planted_asr():
         for name, extra in (("plain", ()), ("scored", ORACLE)):
             res = run_cli("generate", prompts, "-o", tmp / name, *GEN, *extra)
             assert res.exit_code == 0, res.output
-    finally:
-        job.FACTORIES["asr"] = before
     return tmp / "plain", tmp / "scored"
 
 

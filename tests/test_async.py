@@ -65,7 +65,7 @@ def sync_bytes(tmp_path_factory, eos_ckpt):
     return get
 
 
-@pytest.mark.parametrize("batch", [1, 2, 3, 5, 8])  # 1: the one-row path; 8: every row at once past the start
+@pytest.mark.parametrize("batch", [1, 3, 8])  # 1: the one-row path; 3: joins mid-run; 8: every row at once
 @pytest.mark.parametrize("sampling", list(SAMPLING))
 def test_async_byte_identical_to_sync(tmp_path, eos_ckpt, sync_bytes, batch, sampling):
     """Staggered stops (the EOS-pushed checkpoint) and 10 rows through fewer slots (joins mid-run):
@@ -168,7 +168,10 @@ def early_eos_ckpt(tmp_path_factory):
     return build(tmp_path_factory.mktemp("early-eos"), seed=0, eos_boost=(6, 1.2))
 
 
-def test_thousand_random_requests_free_every_slot_once(tmp_path, early_eos_ckpt):
+REQUESTS = 400  # random lengths, limits and stops through 6 slots
+
+
+def test_random_requests_free_every_slot_once(tmp_path, early_eos_ckpt):
     """Random lengths, limits and stops; lookahead steps of finished requests are dropped."""
     runner, prompts, config = _tiny_runner(early_eos_ckpt, tmp_path, max_batch_size=6, deterministic=False)
     rng = random.Random(0)
@@ -176,7 +179,7 @@ def test_thousand_random_requests_free_every_slot_once(tmp_path, early_eos_ckpt)
     # prompts cost a tokenizer call each: reuse a few
     ids = [prompts.build(t, config.system_prompt, None) for t in TEXTS[:4]]
     reqs = []
-    for i in range(1000):
+    for i in range(REQUESTS):
         n = rng.randint(1, 24)
         p = SamplingParams(temperature=rng.choice([0.0, 1.0]), max_new_frames=n, min_new_frames=rng.randint(0, n))
         reqs.append(Request(rid=f"q{i}", prompt=ids[i % 4], params=p, seed=i))
@@ -186,8 +189,8 @@ def test_thousand_random_requests_free_every_slot_once(tmp_path, early_eos_ckpt)
     real_free = sched.slots.free
     sched.slots.free = lambda slot: (freed.append(slot), real_free(slot))[1]
     stats = run_loop(sched, runner, finished.extend, lambda rows, st: None, async_decode=True)
-    assert len(finished) == 1000 and len({r.rid for r in finished}) == 1000
-    assert len(freed) == 1000 and sched.slots.num_free == 6 and not sched.running
+    assert len(finished) == REQUESTS and len({r.rid for r in finished}) == REQUESTS
+    assert len(freed) == REQUESTS and sched.slots.num_free == 6 and not sched.running
     stops = 0
     for r in reqs:
         tokens = r.frames.array
@@ -199,8 +202,8 @@ def test_thousand_random_requests_free_every_slot_once(tmp_path, early_eos_ckpt)
             assert all_eos[-1] and not all_eos[:-1].any()
         else:
             assert r.finish_reason == "length" and len(tokens) == r.params.max_new_frames and not all_eos.any()
-    assert stops > 50  # the EOS-pushed checkpoint really stops rows mid-lookahead
-    assert runner.async_query_hit > 1000 and runner.async_query_miss == 0  # CPU events: always complete
+    assert stops > REQUESTS // 20  # the EOS-pushed checkpoint really stops rows mid-lookahead
+    assert runner.async_query_hit > REQUESTS and runner.async_query_miss == 0  # CPU events: always complete
     assert stats.sync_routed == 0
 
 

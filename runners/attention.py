@@ -24,7 +24,6 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
-from torch.nn.attention.bias import causal_lower_right
 
 
 # Deterministic decode attends in key blocks of this size (see _blockwise).
@@ -188,7 +187,13 @@ class AttentionContext:
         exact for right-padded rows for the same reason."""
         t = self.prefix_len + q.shape[2]
         keys, values = self.kv.gather(layer, self.slots_gpu, t)  # [B, KVH, P + T, D]
-        causal = {"is_causal": True} if not self.prefix_len else {"attn_mask": causal_lower_right(q.shape[2], t)}
+        if self.prefix_len:
+            # NOTE: imported here: torch.nn.attention.bias imports torch._dynamo, seconds of every process's start
+            from torch.nn.attention.bias import causal_lower_right
+
+            causal = {"attn_mask": causal_lower_right(q.shape[2], t)}
+        else:
+            causal = {"is_causal": True}
         # query head h reads KV head h // rep (repeat_kv's order) inside the kernel: no repeated
         # copy of the keys and values (BENCHMARKS.md, prefill)
         with sdpa_kernel(_BACKENDS):

@@ -39,8 +39,8 @@ def _byte_chars() -> list[str]:
     return [table[b] for b in range(256)]
 
 
-def whisper(folder: Path, text_only: bool = True, seed: int = 0) -> Path:
-    """A 1-layer Whisper (d_model 16) with a 40-token limit. text_only: every token but lower-case
+def whisper(folder: Path, text_only: bool = True, seed: int = 0, layers: int = 1) -> Path:
+    """A Whisper of `layers` layers (d_model 16) with a 40-token limit. text_only: every token but lower-case
     letters, the space and end-of-text is suppressed (readable transcripts); else timestamps and
     all may come (for long-form decoding, which needs timestamps)."""
     from tokenizers import AddedToken
@@ -55,7 +55,7 @@ def whisper(folder: Path, text_only: bool = True, seed: int = 0) -> Path:
                     for i in range(1501)])
     ids = {s: tok.convert_tokens_to_ids(s) for s in SPECIALS}
     eot, sot = ids["<|endoftext|>"], ids["<|startoftranscript|>"]
-    cfg = WhisperConfig(vocab_size=len(tok), num_mel_bins=80, d_model=16, encoder_layers=1, decoder_layers=1,
+    cfg = WhisperConfig(vocab_size=len(tok), num_mel_bins=80, d_model=16, encoder_layers=layers, decoder_layers=layers,
                         encoder_attention_heads=2, decoder_attention_heads=2, encoder_ffn_dim=32, decoder_ffn_dim=32,
                         max_source_positions=1500, max_target_positions=64, init_std=0.5,
                         decoder_start_token_id=sot, pad_token_id=eot, eos_token_id=eot, bos_token_id=eot)

@@ -37,7 +37,8 @@ def test_a_thousand_rows_with_hostile_ones_lose_none_and_leak_no_slot(tmp_path, 
             row.update(fields)
             want[n] = field
         rows.append(row)
-    for n in [n for n, field in want.items() if field == "id"]:  # the id the tool would make up, given by a later row
+    # the id the tool would make up, given by a later row
+    for n in [n for n, field in want.items() if field == "id" and n + 9 < ROWS]:
         rows[n + 9]["id"] = f"row-{n}"
     lines = [json.dumps(row) for row in rows]
     src = tmp_path / "rows.jsonl"

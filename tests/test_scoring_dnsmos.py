@@ -127,5 +127,6 @@ def test_on_cuda_within_rounding_of_the_cpu(ours):
     on_cuda = DnsmosScorer(device="cuda")
     clips = [tone(3.0, 220, rate=RATE, seed=1), tone(12.0, 150, rate=RATE, seed=3)]
     got, ref = on_cuda.score([_row(c) for c in clips]), ours.score([_row(c) for c in clips])
-    for g, r in zip(got, ref):
-        assert [g[n] for n in NAMES] == pytest.approx([r[n] for n in NAMES], abs=2e-3)
+    worst = max(abs(g[n] - r[n]) for g, r in zip(got, ref) for n in NAMES)
+    assert worst < 2e-3, f"{on_cuda.runtime}: {worst} off: {[[g[n] for n in NAMES] for g in got]} vs " \
+                         f"{[[r[n] for n in NAMES] for r in ref]}"

@@ -2,8 +2,10 @@
 the row is decided there: kept (its files written, ok or rejected) or tried again.
 
 Path of an attempt: the loop -> the audio stage (codec, writer threads) -> RowResults.write_row,
-which hands it here instead of writing it (`attempt`). The scoring thread takes every attempt
-waiting, up to the batch size, scores them with each scorer in turn, and decides each row
+which hands it here instead of writing it (`attempt`). The scoring thread takes the attempts
+waiting, up to the batch size (up to BATCH_WAIT_S after the first for a fuller batch, while the
+loop decodes or the audio stage holds rows: a scorer call costs about as much for one row as for
+many), scores them with each scorer in turn, and decides each row
 (omni_cli/quality/decide.py). A row still short of its attempts (best-of) waits; a rejected row
 with retries left gets its next attempt, a Request with the derived seed, put in the inbox that
 the loop empties into the scheduler between steps (`add_waiting`), so retries join the next
@@ -30,6 +32,7 @@ from omni_cli.runners.scoring import RowScores, ScoreInput, Scorer
 from omni_cli.scheduler import Request
 
 WAIT_S = 0.002  # the loop's poll while only scoring or writing can bring more work
+BATCH_WAIT_S = 0.25  # how long a scorer call waits after its first row for more, while the loop decodes
 
 
 @dataclass(eq=False)
@@ -54,6 +57,7 @@ class QualityStage:
         self._queue: queue.Queue = queue.Queue()
         self._inbox: list[Request] = []  # retries for the loop to add
         self._lock = threading.Lock()
+        self._dry = threading.Event()  # the scheduler ran empty: score what is waiting at once
         self._busy = 0  # attempts handed in and not yet decided
         self.score_s = 0.0  # seconds the scoring thread spent in scorers
         self.scorer_s: dict[str, float] = {n: 0.0 for n in scorers}
@@ -112,6 +116,7 @@ class QualityStage:
     def wait_for_more(self) -> bool:
         """With the scheduler empty: True while an attempt may still come back (wait a little first),
         False once none can."""
+        self._dry.set()
         if self._inbox:
             return True
         if self.audio.idle() and self.idle() and not self._inbox:
@@ -140,10 +145,13 @@ class QualityStage:
             if first is None:
                 return
             batch = [first]
+            deadline = time.monotonic() + BATCH_WAIT_S
             while len(batch) < self.settings.batch_size:
                 try:
-                    nxt = self._queue.get_nowait()
+                    nxt = self._queue.get(timeout=0.01) if self._linger(deadline) else self._queue.get_nowait()
                 except queue.Empty:
+                    if self._linger(deadline):
+                        continue
                     break
                 if nxt is None:
                     self._queue.put(None)  # seen after this batch
@@ -159,6 +167,11 @@ class QualityStage:
             finally:
                 with self._lock:
                     self._busy -= len(batch)
+
+    def _linger(self, deadline: float) -> bool:
+        """Whether a batch not yet full waits for more rows, until the deadline: while the loop still
+        decodes or the audio stage still holds rows."""
+        return time.monotonic() < deadline and (not self._dry.is_set() or not self.audio.idle())
 
     def _handle(self, batch: list) -> None:
         scored = [(rid, seed, payload) for rid, seed, payload, error in batch if error is None]

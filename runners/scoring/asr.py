@@ -9,6 +9,8 @@ so a row's transcript is the pipeline's:
   sets it, `max_new_tokens` 256 unless it sets a length (both can be given);
 - the row's language where the checkpoint knows it (rows batch by language), else Whisper
   detects it; the task is the checkpoint's (transcribe);
+- with one beam, runners/scoring/whisper_greedy.py decodes as generate does, with a static cache
+  (its step a CUDA graph on CUDA);
 - text: the generated ids less special tokens and timestamps, decoded;
 - a clip over 30 s runs alone through Whisper's sequential long-form decoding, as the
   pipeline runs it.
@@ -28,6 +30,7 @@ import torch
 
 from .base import RowScores, ScoreInput, Scorer, chunks, model_dtype, to_rate, torch_device
 from .wer import TextScoring, language_code
+from .whisper_greedy import GreedyWhisper
 
 PIPELINE_NUM_BEAMS = 5  # transformers' ASR pipeline default ("follows openai's whisper implementation")
 PIPELINE_MAX_NEW_TOKENS = 256  # its default where the checkpoint sets no length
@@ -63,6 +66,9 @@ class WhisperASR:
         self._first_timestamp = (gc.no_timestamps_token_id + 1) if getattr(gc, "no_timestamps_token_id", None) \
             is not None else None
         self.spelling = getattr(tok, "english_spelling_normalizer", None) or {}
+        # greedy decoding without generate's per-token host work (runners/scoring/whisper_greedy.py)
+        self.greedy = GreedyWhisper(self.model, self.generate_kwargs.get("max_new_tokens")) \
+            if self.generate_kwargs["num_beams"] == 1 and GreedyWhisper.eligible(self.model) else None
 
     def language(self, language: str | None) -> str | None:
         """The Whisper code the model is told for a row's language; None: it detects one."""
@@ -89,6 +95,14 @@ class WhisperASR:
         seqs = out["sequences"] if isinstance(out, dict) else out
         return [self._text(s.tolist()) for s in seqs]
 
+    @torch.inference_mode()
+    def _greedy(self, feats, language: str | None) -> list[str]:
+        features_gpu = feats["input_features"].to(self.device, self.dtype)  # [B, mels, frames]
+        enc_gpu = self.model.model.encoder(features_gpu).last_hidden_state  # [B, S, D]
+        lang_gpu = None if language is None else \
+            torch.full((len(features_gpu),), self.lang_to_id[f"<|{language}|>"], dtype=torch.long, device=self.device)
+        return [self._text(ids) for ids in self.greedy.decode(enc_gpu, lang_gpu)]
+
     def transcribe(self, clips_16k: Sequence[np.ndarray], languages: Sequence[str | None]) -> list[str]:
         """clips [samples] float32 at 16 kHz, each row's language (or None) -> transcripts, in order."""
         out: list[str | None] = [None] * len(clips_16k)
@@ -103,7 +117,8 @@ class WhisperASR:
             for part in chunks(rows, self.batch_size):
                 feats = [self._features(clips_16k[i], False) for i in part]
                 batch = {k: torch.cat([f[k] for f in feats]) for k in ("input_features", "attention_mask")}
-                for i, text in zip(part, self._generate(batch, code)):
+                run = self._greedy if self.greedy is not None else self._generate
+                for i, text in zip(part, run(batch, code)):
                     out[i] = text
         return out  # type: ignore[return-value]
 

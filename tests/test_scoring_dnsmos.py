@@ -102,6 +102,23 @@ def test_p808_features_equal_librosa():
     assert np.array_equal(got, expected)
 
 
+def test_p808_features_in_torch_equal_librosas_within_float32():
+    """The torch runtime's features (batched, on the executor's device) against librosa's, each window alone."""
+    import torch
+
+    librosa = pytest.importorskip("librosa")
+    from omni_cli.runners.scoring.dnsmos import p808_features_torch
+
+    segments = np.stack([tone(9.01, f, seed=i)[:WINDOW - 160] for i, f in enumerate((210, 95, 1800))])
+    segments[2] *= 1e-3  # a quiet window: the floor and the per-window peak
+    got = p808_features_torch(torch.from_numpy(segments)).numpy()
+    for seg, g in zip(segments, got):
+        mel = librosa.feature.melspectrogram(y=seg, sr=RATE, n_fft=321, hop_length=160, n_mels=120)
+        expected = ((librosa.power_to_db(mel, ref=np.max) + 40) / 40).T
+        assert g.shape == expected.shape and np.abs(g - expected).max() < 1e-5
+    assert np.abs(got[0] - got[1]).max() > 0.1  # the windows' features differ: the check sees each
+
+
 def test_resampled_rows_silence_and_no_audio(ours):
     clip_24k = to_rate(tone(4.6, 180, seed=1), RATE, 24000)  # repeated to 9.2 s: one window
     loud = np.clip(clip_24k * 8, -1.5, 1.5)  # past full scale: clipped to [-1, 1] as a WAV would hold it
@@ -123,10 +140,11 @@ def test_torch_runtime_equals_onnxruntime(dnsmos, ours):
 
 @pytest.mark.gpu
 def test_on_cuda_within_rounding_of_the_cpu(ours):
-    """On CUDA (onnxruntime-gpu, else the torch executor) the scores are the CPU's within conv rounding."""
+    """On CUDA (onnxruntime-gpu, else the torch executor) the scores are the CPU's within TF32 rounding."""
     on_cuda = DnsmosScorer(device="cuda")
     clips = [tone(3.0, 220, rate=RATE, seed=1), tone(12.0, 150, rate=RATE, seed=3)]
     got, ref = on_cuda.score([_row(c) for c in clips]), ours.score([_row(c) for c in clips])
     worst = max(abs(g[n] - r[n]) for g, r in zip(got, ref) for n in NAMES)
-    assert worst < 2e-3, f"{on_cuda.runtime}: {worst} off: {[[g[n] for n in NAMES] for g in got]} vs " \
+    # cuDNN runs convolutions in TF32 (torch's default, onnxruntime-gpu's too): about 3e-3 off on the device
+    assert worst < 1e-2, f"{on_cuda.runtime}: {worst} off: {[[g[n] for n in NAMES] for g in got]} vs " \
                          f"{[[r[n] for n in NAMES] for r in ref]}"

@@ -109,6 +109,31 @@ def p808_features(segment: np.ndarray) -> np.ndarray:
     return ((db + 40) / 40).T
 
 
+def p808_features_torch(segments):
+    """p808_features of each row of segments [n, samples] (a torch tensor, on its device) -> [n,
+    frames, N_MELS] float32: the torch runtime's form (on CUDA the numpy one cost more than both
+    models); the same steps and precisions, with the mel sum in a matmul."""
+    import torch
+
+    padded = torch.nn.functional.pad(segments.float(), (N_FFT // 2, N_FFT // 2))
+    frames = padded.unfold(-1, N_FFT, MEL_HOP)  # [n, frames, N_FFT]
+    hann = torch.from_numpy(_HANN).to(segments.device)
+    spectrum = torch.fft.rfft(hann * frames.double(), dim=-1).to(torch.complex64)
+    power = spectrum.abs() ** 2  # [n, frames, freq] float32
+    mel = power @ torch.from_numpy(_MELS).to(segments.device).T  # [n, frames, N_MELS]
+    db = 10.0 * torch.log10(torch.clamp(mel, min=1e-10))
+    db = db - 10.0 * torch.log10(torch.clamp(mel.amax(dim=(1, 2), keepdim=True), min=1e-10))
+    db = torch.maximum(db, db.amax(dim=(1, 2), keepdim=True) - 80.0)
+    return (db + 40) / 40
+
+
+def torch_cat_zeros(part, rows: int):
+    """part [n, ...] (torch) with `rows` zero rows after it."""
+    import torch
+
+    return torch.cat([part, part.new_zeros((rows, *part.shape[1:]))])
+
+
 def _poly(coeffs: tuple[float, ...], x: np.ndarray) -> np.ndarray:
     y = np.full(x.shape, coeffs[0], dtype=np.float64)
     for c in coeffs[1:]:  # Horner in float64, as numpy's poly1d evaluates a float32 input
@@ -178,8 +203,10 @@ class DnsmosScorer(Scorer):
         for start in range(0, len(inputs_host), self.window_batch):
             part = inputs_host[start:start + self.window_batch]
             n = len(part)
-            if self.fixed_groups and n < self.window_batch:
+            if self.fixed_groups and n < self.window_batch and isinstance(part, np.ndarray):
                 part = np.concatenate([part, np.zeros((self.window_batch - n, *part.shape[1:]), part.dtype)])
+            elif self.fixed_groups and n < self.window_batch:  # a torch tensor on the device
+                part = torch_cat_zeros(part, self.window_batch - n)
             outs.append(session.run(None, {"input_1": part})[0][:n])
         return np.concatenate(outs)
 
@@ -192,7 +219,12 @@ class DnsmosScorer(Scorer):
         """[n, WINDOW] -> (P.835 [n, 3] float64: sig, bak, ovrl, calibrated; P.808 [n] float32)."""
         raw = self._run(self.primary, windows)  # [n, 3] float32
         p835 = np.stack([_poly(POLY_SIG, raw[:, 0]), _poly(POLY_BAK, raw[:, 1]), _poly(POLY_OVR, raw[:, 2])], axis=1)
-        mels = np.stack([p808_features(w[:-160]) for w in windows])  # [n, 900, 120]
+        if self.runtime == "torch":  # on the executor's device
+            import torch
+
+            mels = p808_features_torch(torch.from_numpy(windows[:, :-160]).to(self.p808.device))  # [n, 900, 120]
+        else:
+            mels = np.stack([p808_features(w[:-160]) for w in windows])  # [n, 900, 120]
         return p835, self._run(self.p808, mels)[:, 0]
 
     def row_windows(self, batch: Sequence[ScoreInput]) -> list[tuple[np.ndarray, np.ndarray] | None]:

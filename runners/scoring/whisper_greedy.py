@@ -21,6 +21,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from ..device import CAPTURE_LOCK
+
 CHECK_EVERY = 8  # steps between the host's looks at whether every row has ended (one sync each)
 
 
@@ -201,11 +203,14 @@ class GreedyWhisper:
         side = torch.cuda.Stream(self.device)
         side.wait_stream(torch.cuda.current_stream(self.device))
         snapshot = [t.clone() for t in (tok_gpu, done_gpu, out_gpu)] + [(k.clone(), v.clone()) for k, v in cache]
-        with torch.cuda.stream(side):
+        # CAPTURE_LOCK: a kernel's first launch may synchronize the device, and a capture must not
+        # meet another thread's (the codec's, the engine's)
+        with CAPTURE_LOCK, torch.cuda.stream(side):
             body()  # warm-up (allocator, kernels) on a side stream, as capture requires
         torch.cuda.current_stream(self.device).wait_stream(side)
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
+        # NOTE: thread_local: the decode loop's thread keeps launching while this (scoring) thread captures
+        with CAPTURE_LOCK, torch.cuda.graph(graph, capture_error_mode="thread_local"):
             body()
         for t, s in zip((tok_gpu, done_gpu, out_gpu), snapshot[:3]):  # undo the warm-up's and capture's writes
             t.copy_(s)

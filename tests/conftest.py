@@ -12,6 +12,11 @@ from pathlib import Path
 import pytest
 import torch
 
+# NOTE: the suite's own process runs torch on one thread: the background checks (tests/background.py)
+# take the second core, and a two-thread OpenMP op waited on its thread that they had preempted.
+# Subprocesses (the CLI, workers, the checks) keep torch's default.
+torch.set_num_threads(1)
+
 REPO = Path(__file__).resolve().parent.parent
 TINY = REPO / "configs" / "tiny-higgs-audio-v2"
 

@@ -150,6 +150,10 @@ def _inputs(g: torch.Generator, streams: int, vocab: int):
 
 def _case(g: torch.Generator, streams: int, vocab: int, fused_draw_rows, draw_rows) -> bool:
     scores, slots, steps, tables, hist_want = _inputs(g, streams, vocab)
+    if streams > 1:  # four requests (the interpreter is slow): two plain, two with ties; one a stream covers the grid
+        keep = torch.tensor([0, 1, len(slots) - 2, len(slots) - 1])
+        scores = scores.view(len(slots), streams, vocab)[keep].reshape(-1, vocab)
+        slots, steps = slots[keep], steps[keep]
     hist_got = hist_want.clone()
     n_req, rows = len(slots), scores.shape[0]
     hist_before = hist_want.clone()
@@ -159,7 +163,7 @@ def _case(g: torch.Generator, streams: int, vocab: int, fused_draw_rows, draw_ro
     lp_err = (want_lp - got_lp).abs().max().item()
     same_history = torch.equal(hist_want, hist_got) and int((hist_got >= 0).sum()) == rows
     # the previous kernel on the same rows: the same tokens, logprobs and history, bit for bit (one
-    # row a request: every parameter combination once; eight a request repeat them, and cost as much)
+    # row a request: every parameter combination once)
     as_before = True
     if streams == 1:
         before_tok, before_lp = _fused_draw_rows_before(scores, slots, steps, tables, streams, hist_before)

@@ -57,6 +57,7 @@ from omni_cli.runners.higgs_audio_v2.shapes import codec_config, shape_config, t
 from benchmarks.timing import write_results  # noqa: E402
 
 TINY = REPO / "configs" / "tiny-higgs-audio-v2"
+QUALITY_KEYS = ("score_s", "scorer_s", "load_s", "score_calls", "largest_call")  # run.json's quality, printed
 # --prompt-tokens rows' system prompt: the tokenizer here is the tiny checkpoint's, about one
 # token a byte, so the template with the default system prompt makes 72 tokens before any text
 SHORT_SYSTEM = "Speak."
@@ -285,7 +286,7 @@ def main() -> None:
                       f"references {r['references_s']} s, prefill {r['prefill_s']} s ({r['prefill_steps']} steps), "
                       f"step p50 {r['step_ms'].get('p50')} ms, peak rows {(r['kv_cache'] or {}).get('peak_rows')}, "
                       f"prefix cache {r['prefix_cache']}, score {score}: "
-                      f"{ {k: (r['quality'] or {}).get(k) for k in ('score_s', 'scorer_s', 'load_s')} }", flush=True)
+                      f"{ {k: (r['quality'] or {}).get(k) for k in QUALITY_KEYS} }", flush=True)
     print(f"{'devices':>8} {'batch':>5} {'rows':>5} {'voices':>6} {'first wav s':>12} {'wall s':>7} {'load s':>7} {'warm s':>7} {'audio s':>8} "
           f"{'aud-s/s gen':>12} {'aud-s/s wall':>13} {'loop s':>7} {'prefill s':>9} {'prefills':>8} {'tail s':>7} "
           f"{'codec s':>8} {'calls':>6} {'longest':>8} {'tail codec':>10} {'writers':>8} {'score':>20} {'score s':>8}")

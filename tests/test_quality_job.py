@@ -115,6 +115,12 @@ def test_rerun_is_byte_identical(retried):
     run = json.loads((a / "run.json").read_text())
     assert run["quality"]["retries"] == sum(len(r["attempts"]) - 1 for r in read_manifest(a))
     assert run["totals"]["ok"] + run["totals"]["rejected"] == len(ROWS)
+    from omni_cli.quality.settings import QualitySettings
+
+    q = run["quality"]  # the scoring calls: each within the (default) batch size, together every attempt
+    assert 1 <= q["largest_call"] <= QualitySettings.batch_size
+    assert q["score_calls"] * q["largest_call"] >= q["rows_scored"]
+    assert q["rows_scored"] == sum(len(r["attempts"]) for r in read_manifest(a))
 
 
 def test_resume_after_a_kill_among_retries(retried, tmp_path):

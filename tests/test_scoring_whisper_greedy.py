@@ -32,11 +32,13 @@ def _push_eos(asr: WhisperASR) -> None:
     eos = asr.greedy.eos
     with torch.inference_mode():
         enc = asr.model.model.encoder(feats).last_hidden_state
-        prompt = torch.tensor([[asr.greedy.sot, asr.lang_to_id["<|en|>"], asr.greedy.task_id, asr.greedy.no_ts]] * len(CLIPS))
+        first = [asr.greedy.sot, asr.lang_to_id["<|en|>"], asr.greedy.task_id, asr.greedy.no_ts]
+        prompt = torch.tensor([first] * len(CLIPS))
         state = asr.model.model.decoder(input_ids=prompt, encoder_hidden_states=enc).last_hidden_state.mean((0, 1))
         base = w[eos].clone()
         # searched with the batched decode (fast); the tests hold generate's own tokens to _mixed
-        langs = [None if lang is None else torch.full((len(CLIPS),), asr.lang_to_id[f"<|{lang}|>"]) for lang in LANGUAGES]
+        langs = [None if lang is None else torch.full((len(CLIPS),), asr.lang_to_id[f"<|{lang}|>"])
+                 for lang in LANGUAGES]
         for push in torch.linspace(0.5, 2.0, 31).tolist():
             w[eos] = base + push * state / state.norm()
             if all(_mixed(asr, asr.greedy.decode(enc, lang)) for lang in langs):

@@ -84,6 +84,7 @@ def quality_record(settings: QualitySettings, stage: QualityStage | None, load_s
     if stage is not None:
         rec |= {"devices": {k: getattr(v, "ran_on", None) for k, v in stage.scorers.items()},
                 "rows_scored": stage.scored, "retries": stage.retries, "score_s": round(stage.score_s, 3),
+                "score_calls": len(stage.calls), "largest_call": max(stage.calls, default=0),
                 "scorer_s": {k: round(v, 3) for k, v in stage.scorer_s.items()},
                 "means": progress.score_means() if hasattr(progress, "score_means") else None}
     return rec

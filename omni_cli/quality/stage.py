@@ -62,6 +62,7 @@ class QualityStage:
         self.score_s = 0.0  # seconds the scoring thread spent in scorers
         self.scorer_s: dict[str, float] = {n: 0.0 for n in scorers}
         self.scored = self.retries = 0
+        self.calls: list[int] = []  # rows in each scoring call (run.json: how full the batches ran)
         self.error: BaseException | None = None  # a bug of the scoring thread (raised by check)
         self._thread = threading.Thread(target=self._run, name="omni-scoring", daemon=True)
         self._thread.start()
@@ -204,6 +205,7 @@ class QualityStage:
                 o.reasons.update(g.reasons)
                 o.text.update(g.text)
         self.scored += len(inputs)
+        self.calls.append(len(inputs))
         self.score_s = sum(self.scorer_s.values())
         return out
 

@@ -157,8 +157,9 @@ class GreedyWhisper:
         tokens = self.prompt(lang_gpu is not None)
         if None in tokens and lang_gpu is None:
             lang_gpu = self.detect(enc_gpu)
-        prompt = torch.stack([lang_gpu.to(self.device).long() if t is None else
-                              torch.full((b,), t, dtype=torch.long, device=self.device) for t in tokens], dim=1)  # [B, P]
+        columns = [lang_gpu.to(self.device).long() if t is None else
+                   torch.full((b,), t, dtype=torch.long, device=self.device) for t in tokens]
+        prompt = torch.stack(columns, dim=1)  # [B, P]
         p = prompt.shape[1]
         new = self.new_tokens(p)
         if new == 0:

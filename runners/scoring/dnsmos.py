@@ -127,8 +127,10 @@ def p808_features_torch(segments):
     return (db + 40) / 40
 
 
-def torch_cat_zeros(part, rows: int):
-    """part [n, ...] (torch) with `rows` zero rows after it."""
+def with_zero_rows(part, rows: int):
+    """part [n, ...] (numpy, or a torch tensor on its device) with `rows` zero rows after it."""
+    if isinstance(part, np.ndarray):
+        return np.concatenate([part, np.zeros((rows, *part.shape[1:]), part.dtype)])
     import torch
 
     return torch.cat([part, part.new_zeros((rows, *part.shape[1:]))])
@@ -197,16 +199,15 @@ class DnsmosScorer(Scorer):
         self.primary = ort.InferenceSession(str(folder / PRIMARY), options, providers=providers)
         self.p808 = ort.InferenceSession(str(folder / P808), options, providers=providers)
 
-    def _run(self, session, inputs_host: np.ndarray) -> np.ndarray:
-        """inputs [n, ...] float32 -> outputs [n, k], in groups (fixed-size on CUDA)."""
+    def _run(self, session, inputs) -> np.ndarray:
+        """inputs [n, ...] float32 (numpy, or torch on the executor's device) -> outputs [n, k] on the
+        host, in groups (fixed-size on CUDA)."""
         outs = []
-        for start in range(0, len(inputs_host), self.window_batch):
-            part = inputs_host[start:start + self.window_batch]
+        for start in range(0, len(inputs), self.window_batch):
+            part = inputs[start:start + self.window_batch]
             n = len(part)
-            if self.fixed_groups and n < self.window_batch and isinstance(part, np.ndarray):
-                part = np.concatenate([part, np.zeros((self.window_batch - n, *part.shape[1:]), part.dtype)])
-            elif self.fixed_groups and n < self.window_batch:  # a torch tensor on the device
-                part = torch_cat_zeros(part, self.window_batch - n)
+            if self.fixed_groups and n < self.window_batch:
+                part = with_zero_rows(part, self.window_batch - n)
             outs.append(session.run(None, {"input_1": part})[0][:n])
         return np.concatenate(outs)
 

@@ -289,6 +289,14 @@ class HiggsCodecEncoder(nn.Module):
         embeddings = torch.cat([e_acoustic, e_semantic], dim=1)  # [B, hidden, T']
         return self.quantizer.encode(self.fc(embeddings.transpose(1, 2)))
 
+    def warm_up(self) -> None:
+        """On CUDA, encode a throwaway clip: the first encode of a process pays cuDNN's and cuBLAS's
+        set-up and the lazy loading of every kernel it runs, several times the encode itself
+        (BENCHMARKS.md, reference voices); paid here it is start-up, like the LM's warm-up."""
+        if next(self.parameters()).device.type == "cuda":
+            noise = np.random.default_rng(0).standard_normal(2 * self.sample_rate).astype(np.float32)
+            self.encode([0.01 * noise])
+
     def encode(self, audio: list[np.ndarray]) -> list[np.ndarray]:
         """Mono float32 clips at sample_rate -> codes [frames, num_quantizers] int64 each.
 

@@ -83,33 +83,28 @@ class PromptBuilder:
                             f"for {len(context)} audio turns")
         return rendered
 
-    def expand(self, rendered: str, audio: tuple) -> tuple[str, list[np.ndarray]]:
-        """Each <|AUDIO_OUT|> expanded for its codes [T, C] (as the processor does); returns the text
-        and each turn's delayed input frames."""
-        delayed = [delay_pattern(np.asarray(c), self.stream_bos, self.stream_eos) for c in audio]
-        pieces = rendered.split(AUDIO_OUT)
-        out = [pieces[0]]
-        for frames, after in zip(delayed, pieces[1:]):
-            c = frames.shape[1]
-            out.append(AUDIO_OUT * (len(frames) - (c - 1)) + self._delay_token * (c - 1) + after)
-        return "".join(out), delayed
-
     def encode_inputs(self, prompts: list[tuple[str, tuple]]) -> list[PromptInput]:
-        """(rendered text, each turn's codes) -> PromptInputs, tokenized in one batch."""
-        expanded = [self.expand(text, audio) for text, audio in prompts]
-        out = []
-        for ids, (_, delayed) in zip(self.encode_all([e[0] for e in expanded]), expanded):
-            spans, at = [], 0
-            for frames in delayed:  # each turn's first audio token starts its span
-                at = ids.index(self.audio_token_id, at)
-                spans.append(AudioSpan(at, frames))
-                at += len(frames)
-            out.append(PromptInput(ids, tuple(spans)))
-        return out
+        """(rendered text, each turn's codes) -> PromptInputs, tokenized in one batch.
 
-    @property
-    def _delay_token(self) -> str:
-        return self.tokenizer.token_of(self.audio_delay_token_id)
+        Each <|AUDIO_OUT|> stands for its turn's codes [T, C], delayed (as the processor places them):
+        (delayed frames - (C - 1)) audio tokens and C - 1 delay tokens. Both are special tokens, which
+        the tokenizer splits out before anything else, so the text around them tokenizes the same
+        whatever stands there: the placeholder's one id is replaced by the turn's ids after tokenizing
+        (tokenizing a few hundred special tokens a row cost more than the rest of the prompt)."""
+        delayed = [[delay_pattern(np.asarray(c), self.stream_bos, self.stream_eos) for c in audio]
+                   for _, audio in prompts]
+        out = []
+        for ids, turns in zip(self.encode_all([text for text, _ in prompts]), delayed):
+            full, spans, at = [], [], 0
+            for frames in turns:  # each turn's placeholder, in order
+                i = ids.index(self.audio_token_id, at)
+                full += ids[at:i]
+                c = frames.shape[1]
+                spans.append(AudioSpan(len(full), frames))
+                full += [self.audio_token_id] * (len(frames) - (c - 1)) + [self.audio_delay_token_id] * (c - 1)
+                at = i + 1
+            out.append(PromptInput(full + ids[at:], tuple(spans)))
+        return out
 
     def encode_all(self, rendered: list[str]) -> list[list[int]]:
         """Token ids of rendered prompts, in one batch: the tokenizer spreads a batch over the

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from omni_cli.runners.budget import prefill_token_budget
+from omni_cli.runners.budget import PREFIX_KEYS_PER_TOKEN, prefill_token_budget
 from omni_cli.runners.kv_blocks import BlockPool, RowBlocks
 from omni_cli.runners.prompt_input import PromptInput
 from omni_cli.runners.sampling.params import SamplingParams
@@ -214,7 +214,8 @@ class Scheduler:
             start = self.blocks.cached_positions(nxt.prompt.content) if self.blocks is not None else 0
             rows, longest = forwards.get(start, (0, 0))
             longest = max(longest, len(nxt.prompt_ids) - start)
-            if admitted and (rows + 1) * longest > self.max_prefill_tokens:
+            if admitted and ((rows + 1) * longest > self.max_prefill_tokens or
+                             (rows + 1) * (start + longest) > PREFIX_KEYS_PER_TOKEN * self.max_prefill_tokens):
                 break
             if self.blocks is not None:  # its KV must fit now (in queue order: no row overtakes it)
                 if not self.blocks.can_admit(nxt.prompt.content, nxt.kv_tokens_needed()):

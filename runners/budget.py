@@ -32,6 +32,10 @@ def prefill_token_budget(max_seq_len: int) -> int:
 
 
 PREFILL_TOKENS = 16384
+# A forward after a cached prefix copies its rows' keys and values up to their ends (runners/attention.py:
+# KVCache.gather; the widest-prefill measurement has none): the scheduler keeps rows x (prefix + longest)
+# of one forward within this many times the token budget, so one layer's copy stays inside the runtime slack
+PREFIX_KEYS_PER_TOKEN = 4
 
 
 @dataclass(frozen=True)

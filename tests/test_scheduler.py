@@ -199,3 +199,28 @@ def test_a_row_the_pool_can_never_hold_is_rejected_at_add():
     with pytest.raises(ValueError, match="needs 19 KV positions; device memory holds 16"):
         sched.add(_req(0, 10, 10))
     sched.add(_req(1, 10, 7))  # 16 positions: fits
+
+
+def test_a_forward_after_a_cached_prefix_keeps_its_copied_keys_within_the_bound():
+    """Rows of 20 positions whose first 16 are one shared prompt (blocks of 4): the first row computes
+    them, the rest run positions 16.. only, and a forward copies each row's keys up to its end
+    (runners/attention.py: gather). With a budget of 40 tokens, 4 tokens a row would let 10 rows into
+    one forward; PREFIX_KEYS_PER_TOKEN x 40 copied positions allow 160 / 20 = 8, so the rows after the
+    first come 8 a prefill, in queue order."""
+    from omni_cli.runners.budget import PREFIX_KEYS_PER_TOKEN
+    from omni_cli.runners.kv_blocks import BlockPool
+
+    assert PREFIX_KEYS_PER_TOKEN == 4  # the numbers below
+    pool = BlockPool(200, 4)
+    sched = Scheduler(max_batch_size=32, max_seq_len=64, max_prefill_tokens=40, blocks=pool)
+    for i in range(18):
+        sched.add(Request(rid=f"r{i}", prompt=[5] * 16 + [100 + i] * 4, params=SamplingParams(max_new_frames=4),
+                          seed=0))
+    prefills = []
+    while sched.waiting:
+        so = sched.schedule()
+        assert so.is_prefill
+        starts = [pool.cached_positions(r.prompt.content) if prefills or i else 0 for i, r in enumerate(so.requests)]
+        prefills.append([r.rid for r in so.requests])
+        assert sum(1 for s in starts if s == 16) * 20 <= PREFIX_KEYS_PER_TOKEN * 40
+    assert prefills == [[f"r{i}" for i in range(9)], [f"r{i}" for i in range(9, 17)], ["r17"]]

@@ -41,7 +41,7 @@ import triton
 import triton.language as tl
 
 from .device import pdl_launch
-from .cascade_attention import SHARED_SPLITS, merge_shared, shared_prefix
+from .cascade_attention import shared_prefix
 from .fused_ops import _wait_predecessor, kv_offset
 from .online_softmax import _scores, _values
 
@@ -73,7 +73,7 @@ def _decode_attention_kernel(
     scale,
     REP: tl.constexpr, REP_PAD: tl.constexpr, D: tl.constexpr, BLOCK: tl.constexpr, USE_DOT: tl.constexpr,
     PRECISION: tl.constexpr, BS: tl.constexpr,
-    PDL: tl.constexpr, CASCADE: tl.constexpr, SPLITS: tl.constexpr,
+    PDL: tl.constexpr, CASCADE: tl.constexpr,
 ):
     # rows > 1 in the default mode (one row: _one_row_kernel below), any rows in deterministic mode.
     # Keys are loaded before, values after the scores: loading both first, the first block outside
@@ -96,10 +96,10 @@ def _decode_attention_kernel(
     if CASCADE:  # the first `begin` keys were attended by the row's group (runners/cascade_attention.py)
         begin = tl.load(shared_ptr + row)
         if begin > 0:
-            h_all = REP * tl.num_programs(1)
-            part = row * h_all + heads  # partials [SPLITS, B, H]
-            m, l, acc = merge_shared(m_part_ptr, l_part_ptr, acc_part_ptr, part, head_ok, d, begin,
-                                     tl.num_programs(0) * h_all, D, BLOCK, SPLITS)
+            part = row * (REP * tl.num_programs(1)) + heads  # partials [B, H]
+            m = tl.load(m_part_ptr + part, mask=head_ok, other=float("-inf"))
+            l = tl.load(l_part_ptr + part, mask=head_ok, other=0.0)
+            acc = tl.load(acc_part_ptr + part[:, None] * D + d[None, :], mask=head_ok[:, None], other=0.0)
     for start in range(begin, length, BLOCK):
         n = start + tl.arange(0, BLOCK)
         key_ok = n < length
@@ -256,5 +256,5 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
         _decode_attention_kernel[(b, kvh)](q, k_cache, v_cache, out, slots, lengths, table, shared, *parts,
                                            q.stride(0), q.stride(1), out.stride(0), out.stride(1), *strides,
                                            d ** -0.5, **shape, PDL=bool(early), CASCADE=grouped,
-                                           SPLITS=SHARED_SPLITS, num_warps=warps, **early)
+                                           num_warps=warps, **early)
     return out

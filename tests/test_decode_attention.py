@@ -30,7 +30,7 @@ def test_multi_row_attention_compiles_for_hopper(block, warps, cascade):
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    from omni_cli.runners.cascade_attention import SHARED_SPLITS, _shared_prefix_kernel
+    from omni_cli.runners.cascade_attention import _shared_prefix_kernel
     from omni_cli.runners.decode_attention import _decode_attention_kernel
 
     strides = ("stride_cs", "stride_ch", "stride_ct")
@@ -39,17 +39,16 @@ def test_multi_row_attention_compiles_for_hopper(block, warps, cascade):
            **{s: "i32" for s in ("stride_qb", "stride_qh", "stride_ob", "stride_oh", "stride_tb", *strides)},
            "scale": "fp32"}
     consts = {"REP": 3, "REP_PAD": 16, "D": 128, "BLOCK": block, "USE_DOT": True, "PRECISION": "tf32", "BS": 16,
-              "PDL": False, "CASCADE": cascade, "SPLITS": SHARED_SPLITS}
+              "PDL": False, "CASCADE": cascade}
     src = ASTSource(_decode_attention_kernel, {**sig, **{k: "constexpr" for k in consts}}, constexprs=consts)
     target = GPUTarget("cuda", 90, 32)
     assert triton.compile(src, target=target, options={"num_warps": warps}).asm["cubin"]
     if cascade:
         sig = {**{p: "*bf16" for p in ("q_ptr", "k_ptr", "v_ptr")}, "slots_ptr": "*i64", "table_ptr": "*i32",
                "tile_rows_ptr": "*i32", "tile_len_ptr": "*i32", **{p: "*fp32" for p in ("m_ptr", "l_ptr", "acc_ptr")},
-               **{s: "i32" for s in ("stride_qb", "stride_qh", "stride_tb", *strides, "stride_split")},
-               "scale": "fp32"}
+               **{s: "i32" for s in ("stride_qb", "stride_qh", "stride_tb", *strides)}, "scale": "fp32"}
         consts = {"H": 24, "REP": 3, "ROWS": 16, "M_PAD": 64, "D": 128, "BLOCK": block, "USE_DOT": True,
-                  "PRECISION": "tf32", "BS": 16, "SPLITS": SHARED_SPLITS}
+                  "PRECISION": "tf32", "BS": 16}
         src = ASTSource(_shared_prefix_kernel, {**sig, **{k: "constexpr" for k in consts}}, constexprs=consts)
         assert triton.compile(src, target=target, options={"num_warps": 4}).asm["cubin"]
 

@@ -151,10 +151,3 @@ class ChatTokenizer:
         """Token ids of each text, with no special tokens added around it; the batch is
         tokenized in parallel (in Rust, outside the GIL)."""
         return [e.ids for e in self.tokenizer.encode_batch(texts, add_special_tokens=False)]
-
-    def token_of(self, token_id: int) -> str:
-        """The text of a token id (an added token's content), as the tokenizer writes it."""
-        token = self.tokenizer.id_to_token(token_id)
-        if token is None:
-            raise OmniError(f"the tokenizer has no token of id {token_id}")
-        return token

@@ -46,6 +46,9 @@ class LongRow:
     finish_reason: str | None = None  # once the last chunk is generated: "length" if any chunk's was; "failed"
     failed: bool = False
     resumed: int = 0  # chunks an earlier run finished (--resume: omni_cli/chunk_store.py)
+    rid: str = ""  # its chunks' request ids' stem: the row's id ("": it), or a scoring attempt's
+    first_prompt: object = None  # chunk 0's prompt (a scoring attempt starts the row over from it)
+    stored: bool = True  # its finished chunks are kept in the store: attempt 0's; a retry's are not
 
     @property
     def n(self) -> int:
@@ -71,6 +74,7 @@ class ChunkedRows:
     def first_request(self, lr: LongRow, prompt) -> Request:
         """Chunk 0's request; with --resume, the first chunk an earlier run did not finish (its
         finished ones, its seed and their codes taken from the store)."""
+        lr.first_prompt = prompt
         if self.store is not None:
             got = self.store.load(lr.row.id, lr.digest, lr.n) if self.resume else None
             if got is None:
@@ -85,9 +89,21 @@ class ChunkedRows:
         return self._request(lr, 0, prompt)
 
     def _request(self, lr: LongRow, k: int, prompt) -> Request:
-        req = Request(rid=chunk_rid(lr.row.id, k), prompt=prompt, params=lr.params, seed=chunk_seed(lr.seed, k))
+        req = Request(rid=chunk_rid(lr.rid or lr.row.id, k), prompt=prompt, params=lr.params,
+                      seed=chunk_seed(lr.seed, k))
         self._by_rid[req.rid] = (lr, k)
         return req
+
+    def retry(self, lr: LongRow, rid: str, seed: int) -> tuple[Request, int]:
+        """A scoring attempt of a long row (omni_cli/quality/stage.py): every chunk again, from chunk 0's
+        prompt, at the attempt's seed, under request ids of its own. Its chunks are not kept in the
+        store: a killed run starts the row's attempts over, as it does a plain row's. Returns chunk 0's
+        request and the chunks the audio stage will see."""
+        again = LongRow(lr.row, lr.system, lr.params, seed, lr.texts, lr.digest, rid=rid,
+                        first_prompt=lr.first_prompt, stored=False)
+        if self.progress is not None:
+            self.progress.more_chunks(again.n)
+        return self._request(again, 0, lr.first_prompt), again.n
 
     def requests(self, rows: int, long_rows: list[LongRow]) -> int:
         """Requests the audio stage will see: one a plain row, n a long row."""
@@ -151,6 +167,10 @@ class ChunkedRows:
             lr.failed = True
             lr.finish_reason = "failed"
             lr.parts.clear()
+        quality = self.results.quality
+        if quality is not None and quality.handles(lr.row.id):  # a failed attempt: scoring decides the row
+            quality.attempt(lr.row, lr.seed, None, str(error))
+            return
         self.results.fail(lr.row.row, lr.row.id, input_fields(lr.row, lr.system), str(error))
 
     # ---- the writer threads ----
@@ -186,7 +206,7 @@ class ChunkedRows:
             whole = len(lr.parts) == lr.n
         if whole:
             self._write_row(lr)
-        elif self.store is not None:  # kept until the row is written: a killed run resumes after it
+        elif self.store is not None and lr.stored:  # kept until the row is written: a killed run resumes after it
             self.store.save(lr.row.id, lr.digest, lr.seed, k, part, req.finish_reason)
 
     def _write_row(self, lr: LongRow) -> None:
@@ -201,7 +221,7 @@ class ChunkedRows:
                   "chunk_texts": texts_array(lr.texts)}
         written = self.results.write_row(lr.row, lr.system, lr.digest, lr.seed, lr.finish_reason, lr.params, tokens,
                                          logprobs, raw, samples, extra_meta={"chunks": lr.n}, extra_arrays=arrays)
-        if written and self.store is not None:
+        if written and self.store is not None and lr.stored:
             self.store.clear(lr.row.id)
 
 

@@ -119,9 +119,9 @@ def _run(opts: GenerateOptions, config: ModelConfig, base_params: SamplingParams
     results = RowResults(writer, progress, model.real_code_mask, opts.quiet)
     results.rows = queued
     audio = AudioStage(model.codec, model.batched_codec, model)
-    stage, extra = start_stage(quality, scorers, results, audio, model, queued, clips, scheduler) \
-        if quality.enabled else (None, 0)
     chunker.results, chunker.audio, chunker.progress = results, audio, progress
+    stage, extra = start_stage(quality, scorers, results, audio, model, queued, clips, scheduler, chunker) \
+        if quality.enabled else (None, 0)
     interrupted, stats, fault, stop = False, None, None, None
     code = EXIT_OK
     with progress:

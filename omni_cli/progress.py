@@ -125,9 +125,16 @@ class Progress:
             self._maybe_draw()
 
     def long_rows(self, chunks: int, resumed: int, rows: int) -> None:
-        """The run's long rows: their chunks, of which an earlier run finished `resumed` (--resume)."""
+        """The run's long rows: their chunks, of which an earlier run finished `resumed` (--resume), beside
+        those of --best-of's extra attempts (more_chunks, counted first)."""
         with self._lock:
-            self.chunks_total, self.chunks_done, self.long = chunks, resumed, rows
+            self.chunks_total += chunks
+            self.chunks_done, self.long = resumed, rows
+
+    def more_chunks(self, n: int) -> None:
+        """A long row's scoring attempt runs its n chunks again."""
+        with self._lock:
+            self.chunks_total += n
 
     def chunk_done(self) -> None:
         """A long row's chunk is generated: the live display counts it; plain output says so at most

@@ -56,23 +56,26 @@ def build_scorers(settings: QualitySettings, device: str) -> tuple[dict[str, Sco
 
 
 def start_stage(settings: QualitySettings, scorers: dict[str, Scorer], results, audio, model, queued: dict,
-                clips: dict, scheduler) -> tuple[QualityStage, int]:
-    """The stage over the queued rows (results.rows), with --best-of's extra attempts queued.
-    Returns it and the number of extra requests the audio stage will see."""
+                clips: dict, scheduler, chunker=None) -> tuple[QualityStage, int]:
+    """The stage over the queued rows (results.rows), with --best-of's extra attempts queued; a long
+    row's attempts start it over through the chunker (omni_cli/chunked.py). Returns the stage and the
+    number of extra requests the audio stage will see."""
 
     def reference_audio(row):
         clip = clips.get(row.reference[1]) if row.reference is not None else None
         return None if clip is None else (clip.samples, clip.rate)
 
-    stage = QualityStage(settings, scorers, results, audio, reference_audio, model.frame_rate, model.real_code_mask)
+    stage = QualityStage(settings, scorers, results, audio, reference_audio, model.frame_rate, model.real_code_mask,
+                         chunker.retry if chunker is not None else None)
     results.quality = stage
     extra = 0
     for rid, (row, system, entry, digest) in list(queued.items()):
-        is_request = hasattr(entry, "prompt")  # a LongRow (chunks) is scored but never tried again
-        for req in stage.register(row, system, entry if is_request else None):
+        is_request = hasattr(entry, "prompt")  # else a LongRow: its attempts run its chunks again
+        for req, requests in stage.register(row, system, entry if is_request else None,
+                                            None if is_request else entry):
             scheduler.add(req)  # the same prompt as attempt 0's, which fit
             results.rows[req.rid] = queued[rid]
-            extra += 1
+            extra += requests
     return stage, extra
 
 

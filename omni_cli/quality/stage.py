@@ -39,20 +39,29 @@ BATCH_WAIT_S = 0.25  # how long a scorer call waits after its first row for more
 class RowState:
     row: Any  # PromptRow
     system: str | None
-    template: Request | None  # attempt 0's request (prompt, params, row seed); None: no retries (a long row)
+    template: Request | None  # attempt 0's request (prompt, params, row seed); None: a long row
+    long_row: Any = None  # a long row's attempt 0 (omni_cli/chunked.py: LongRow); attempts start it over
     attempts: dict[int, Attempt] = field(default_factory=dict)
     started: int = 1  # attempts queued so far
+    retries: bool = True  # further attempts can be made (a long row's need the chunker)
     done: bool = False
+
+    @property
+    def seed(self) -> int:
+        """The row's seed: attempt 0's."""
+        return self.template.seed if self.template is not None else self.long_row.seed
 
 
 class QualityStage:
     def __init__(self, settings: QualitySettings, scorers: dict[str, Scorer], results, audio, reference_audio,
-                 frame_rate: float, real_code_mask: Callable):
+                 frame_rate: float, real_code_mask: Callable, retry_long: Callable | None = None):
         self.settings = settings
         self.scorers = scorers  # name -> Scorer, in the settings' order
         self.results, self.audio = results, audio  # omni_cli/results.py RowResults, omni_cli/audio_stage.py
         self._reference_audio = reference_audio  # PromptRow -> (float32 samples, rate) or None
         self.frame_rate, self._mask = frame_rate, real_code_mask
+        # (LongRow, request id, seed) -> (chunk 0's request, chunks): a long row's attempt (ChunkedRows.retry)
+        self._retry_long = retry_long
         self._rows: dict[str, RowState] = {}  # row id -> its state
         self._queue: queue.Queue = queue.Queue()
         self._inbox: list[Request] = []  # retries for the loop to add
@@ -68,25 +77,29 @@ class QualityStage:
         self._thread.start()
 
     # ---- set-up (main thread) ----
-    def register(self, row, system, req: Request | None) -> list[Request]:
-        """A queued row (req: its attempt-0 request; None for a long row, scored but never retried).
-        Returns the extra requests of --best-of, to queue beside it."""
-        state = RowState(row, system, req)
+    def register(self, row, system, req: Request | None, long_row=None) -> list[tuple[Request, int]]:
+        """A queued row: req, its attempt-0 request, or long_row, a long row's attempt 0 (its chunks).
+        Returns the extra attempts of --best-of, to queue beside it: (first request, requests the
+        audio stage will see)."""
+        state = RowState(row, system, req, long_row)
+        state.retries = req is not None or self._retry_long is not None
         self._rows[row.id] = state
-        if req is None or self.settings.best_of == 1:
+        if not state.retries or self.settings.best_of == 1:
             return []
         state.started = self.settings.best_of
         return [self._request(state, k) for k in range(1, self.settings.best_of)]
 
-    def _request(self, state: RowState, k: int) -> Request:
+    def _request(self, state: RowState, k: int) -> tuple[Request, int]:
+        """Attempt k's first request (a long row's: its chunk 0) and the requests the audio stage will see."""
+        seed = attempt_seed(state.seed, k)
+        if state.long_row is not None:
+            return self._retry_long(state.long_row, attempt_rid(state.row.id, k), seed)
         t = state.template
-        return Request(rid=attempt_rid(t.rid, k), prompt=t.prompt, params=t.params, seed=attempt_seed(t.seed, k))
+        return Request(rid=attempt_rid(t.rid, k), prompt=t.prompt, params=t.params, seed=seed), 1
 
     def attempt_index(self, row_id: str, seed: int) -> int:
         state = self._rows[row_id]
-        if state.template is None:
-            return 0
-        return next(k for k in range(state.started) if attempt_seed(state.template.seed, k) == seed)
+        return next(k for k in range(state.started) if attempt_seed(state.seed, k) == seed)
 
     def handles(self, row_id: str) -> bool:
         return row_id in self._rows
@@ -230,12 +243,13 @@ class QualityStage:
             return  # best-of: the other attempts still run
         attempts = [state.attempts[k] for k in sorted(state.attempts)]
         kept, why = choose(attempts)
-        if not kept.passes and state.template is not None and state.started < self.settings.max_attempts:
-            req = self._request(state, state.started)
+        if not kept.passes and state.retries and state.started < self.settings.max_attempts:
+            req, requests = self._request(state, state.started)
             state.started += 1
             self.retries += 1
-            self.results.rows[req.rid] = self.results.rows[state.template.rid]
-            self.audio.expect(1)
+            if state.template is not None:
+                self.results.rows[req.rid] = self.results.rows[state.template.rid]
+            self.audio.expect(requests)
             with self._lock:
                 self._inbox.append(req)
             return

@@ -5,6 +5,7 @@ moment is exact, not a race against a timer.
 OMNI_TEST_KILL:
   before        SIGKILL once the empty manifest exists, before any row was run
   mid:N         SIGKILL after the N-th row's files and manifest line were written
+  chunk:N       SIGKILL after the N-th chunk of a long row was written (its store entry, or its row)
   rewrite       SIGKILL during the final manifest rewrite (its temporary half written)
   term:N        SIGTERM after the N-th row was written (the run's own handler takes it)
   term2:N       SIGTERM and SIGINT there (the same signal twice would merge into one while
@@ -56,6 +57,19 @@ def _install(spec: str) -> None:
                         os.kill(os.getpid(), signal.SIGINT)
 
         results.RowResults._write = counting_write
+    elif mode == "chunk":
+        from omni_cli import chunked
+
+        written, count, lock = chunked.ChunkedRows._chunk_written, [0], threading.Lock()
+
+        def counting_chunk(self, *a, **k):
+            written(self, *a, **k)
+            with lock:
+                count[0] += 1
+                if count[0] == int(n):
+                    os.kill(os.getpid(), signal.SIGKILL)
+
+        chunked.ChunkedRows._chunk_written = counting_chunk
     elif mode == "rewrite":
         atomic = output._atomic_write
 

@@ -93,3 +93,29 @@ def test_best_of_runs_a_long_row_that_many_times(tmp_path):
     assert [a["seed"] for a in r["attempts"]] == [oracle_seed(r["attempts"][0]["seed"], k) for k in range(2)]
     best = min(r["attempts"], key=lambda a: (a["status"] != "ok", a["scores"]["wer"], a["attempt"]))
     assert r["attempt"] == best["attempt"] and r["chunks"] > 1
+
+
+def test_resume_after_a_kill_among_a_long_rows_attempts(retried, tmp_path):
+    """Killed after the last chunk but one of the run is written (among a retried long row's chunks):
+    --resume starts unfinished rows' attempts over and writes the uninterrupted run's bytes."""
+    import os
+    import subprocess
+    import sys
+
+    from tests.conftest import REPO
+
+    reference, _ = retried
+    rows = read_manifest(reference)
+    chunks = sum(r.get("chunks", 0) * len(r["attempts"]) for r in rows)
+    assert any(r.get("chunks") and len(r["attempts"]) > 1 for r in rows)
+    prompts = write_jsonl(tmp_path / "p.jsonl", ROWS)
+    out = tmp_path / "out"
+    env = dict(os.environ, OMNI_TEST_PLANTED_ASR="1", OMNI_TEST_KILL=f"chunk:{chunks - 1}",
+               TOKENIZERS_PARALLELISM="false")
+    cmd = [sys.executable, "-m", "tests.killing", "generate", str(prompts), "-o", str(out), *FLAGS, "--retry", "3"]
+    res = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert res.returncode == -9, res.stderr
+    res = subprocess.run(cmd + ["--resume"], cwd=REPO, env=dict(env, OMNI_TEST_KILL=""), capture_output=True,
+                         text=True, timeout=300)
+    assert res.returncode == 0, res.stderr
+    assert digests(out) == digests(reference)

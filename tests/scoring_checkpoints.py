@@ -39,9 +39,10 @@ def _byte_chars() -> list[str]:
     return [table[b] for b in range(256)]
 
 
-def whisper(folder: Path, text_only: bool = True, seed: int = 0, layers: int = 1) -> Path:
-    """A Whisper of `layers` layers (d_model 16) with a 40-token limit. text_only: every token but lower-case
-    letters, the space and end-of-text is suppressed (readable transcripts); else timestamps and
+def whisper(folder: Path, text_only: bool = True, seed: int = 0, layers: int = 1, positions: int = 64) -> Path:
+    """A Whisper of `layers` layers (d_model 16) with a 40-token limit and `positions` decoder positions
+    (448, a real Whisper's, for faster-whisper, which reads no generation limit). text_only: every token
+    but lower-case letters, the space and end-of-text is suppressed (readable transcripts); else timestamps and
     all may come (for long-form decoding, which needs timestamps)."""
     from tokenizers import AddedToken
     from transformers import (GenerationConfig, WhisperConfig, WhisperFeatureExtractor, WhisperForConditionalGeneration,
@@ -57,7 +58,7 @@ def whisper(folder: Path, text_only: bool = True, seed: int = 0, layers: int = 1
     eot, sot = ids["<|endoftext|>"], ids["<|startoftranscript|>"]
     cfg = WhisperConfig(vocab_size=len(tok), num_mel_bins=80, d_model=16, encoder_layers=layers, decoder_layers=layers,
                         encoder_attention_heads=2, decoder_attention_heads=2, encoder_ffn_dim=32, decoder_ffn_dim=32,
-                        max_source_positions=1500, max_target_positions=64, init_std=0.5,
+                        max_source_positions=1500, max_target_positions=positions, init_std=0.5,
                         decoder_start_token_id=sot, pad_token_id=eot, eos_token_id=eot, bos_token_id=eot)
     torch.manual_seed(seed)
     model = WhisperForConditionalGeneration(cfg).eval()

@@ -76,6 +76,8 @@ def quality_settings(section: dict[str, Any], path: Path | None, opts) -> Qualit
     """The YAML section with the flags over it, every value checked; a folder given for a model is made
     absolute (a YAML's relative to the YAML file). Nothing enabled: QualitySettings()."""
     from omni_cli.runners.scoring import ScoreSpecError, check_installed, default_rules, parse_reject, parse_scorers
+    from omni_cli.runners.scoring.faster_whisper import is_ctranslate2_folder
+    from omni_cli.runners.scoring.faster_whisper import problems as ct2_problems
 
     def where(key: str, flag: str) -> tuple[Any, str, bool]:
         given = getattr(opts, key, None)
@@ -137,6 +139,9 @@ def quality_settings(section: dict[str, Any], path: Path | None, opts) -> Qualit
                                     ("mos_model", "--mos-model", None)):
         value, place, flag = where(key, flag_name)
         models[key] = _location(value, place, flag, path, fail) if value is not None else default
+        if key == "asr_model" and "asr" in scorers and is_ctranslate2_folder(models[key]):
+            for problem in ct2_problems(models[key]):  # the faster-whisper backend's, before anything loads
+                fail(place, flag, f"the CTranslate2 model {models[key]} {problem}")
     drop, _, _ = where("drop_rejected", "--drop-rejected")
     return QualitySettings(scorers=scorers, rules=rules, best_of=counts["best_of"], retry=counts["retry"],
                            drop_rejected=bool(drop), batch_size=counts["batch_size"], asr_beams=counts["asr_beams"],

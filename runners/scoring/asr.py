@@ -14,7 +14,8 @@ so a row's transcript is the pipeline's:
 - text: the generated ids less special tokens and timestamps, decoded;
 - a clip over 30 s runs alone through Whisper's sequential long-form decoding, as the
   pipeline runs it.
-On CUDA the model runs in float16 (or bfloat16, `dtype`); on the CPU in float32.
+On CUDA the model runs in float16 (or bfloat16, `dtype`); on the CPU in float32. A CTranslate2
+conversion of Whisper as `--asr-model` runs through faster-whisper instead (runners/scoring/faster_whisper.py).
 
 Scores: `wer` or `cer` (runners/scoring/wer.py says which and how the text is normalised; the
 other is None with the reason), and the transcript in `RowScores.text["transcript"]`.
@@ -30,6 +31,7 @@ import torch
 
 from .base import RowScores, ScoreInput, Scorer, chunks, model_dtype, to_rate, torch_device
 from .wer import TextScoring, language_code
+from .faster_whisper import FasterWhisperASR, is_ctranslate2_folder
 from .whisper_greedy import GreedyWhisper
 
 PIPELINE_NUM_BEAMS = 5  # transformers' ASR pipeline default ("follows openai's whisper implementation")
@@ -146,7 +148,10 @@ class AsrScorer(Scorer):
         if backend is None:
             if model is None:
                 raise ValueError("the asr scorer needs a Whisper model: a hub id or a folder (--asr-model)")
-            backend = WhisperASR(model, device, dtype, batch_size, num_beams, max_new_tokens)
+            if is_ctranslate2_folder(model):  # a CTranslate2 conversion: faster-whisper (its module's doc)
+                backend = FasterWhisperASR(model, device, dtype, num_beams, max_new_tokens)
+            else:
+                backend = WhisperASR(model, device, dtype, batch_size, num_beams, max_new_tokens)
         self.backend = backend
         self.text = TextScoring(getattr(backend, "spelling", None))
 

@@ -61,3 +61,33 @@ def planted_asr():
         yield
     finally:
         job.FACTORIES["asr"] = before
+
+
+def run_twice(tmp, rows: list[dict], flags: tuple) -> tuple:
+    """`omni generate` of rows under flags into tmp/a and tmp/b with the planted ASR: (prompts, a, b)."""
+    from tests.conftest import run_cli, write_jsonl
+
+    prompts = write_jsonl(tmp / "p.jsonl", rows)
+    with planted_asr():
+        for name in ("a", "b"):
+            res = run_cli("generate", prompts, "-o", tmp / name, *flags)
+            assert res.exit_code == 0, res.output
+    return prompts, tmp / "a", tmp / "b"
+
+
+def killed_then_resumed(prompts, out, flags: tuple, kill: str) -> None:
+    """`omni generate` with the planted ASR in a subprocess that SIGKILLs itself at `kill` (tests/killing.py),
+    then the same command with --resume, which must finish."""
+    import os
+    import subprocess
+    import sys
+
+    from tests.conftest import REPO
+
+    env = dict(os.environ, OMNI_TEST_PLANTED_ASR="1", OMNI_TEST_KILL=kill, TOKENIZERS_PARALLELISM="false")
+    cmd = [sys.executable, "-m", "tests.killing", "generate", str(prompts), "-o", str(out), *flags]
+    res = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert res.returncode == -9, res.stderr
+    res = subprocess.run(cmd + ["--resume"], cwd=REPO, env=dict(env, OMNI_TEST_KILL=""), capture_output=True,
+                         text=True, timeout=300)
+    assert res.returncode == 0, res.stderr

@@ -7,9 +7,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import subprocess
-import sys
 
 import jiwer
 import numpy as np
@@ -17,7 +14,7 @@ import pytest
 import soundfile as sf
 from transformers.models.whisper.english_normalizer import EnglishTextNormalizer
 
-from tests.conftest import REPO, TINY, digests, read_manifest, run_cli, write_jsonl
+from tests.conftest import TINY, digests, read_manifest, run_cli, write_jsonl
 
 ROWS = [{"id": f"q{i}", "text": f"the quick brown fox number {i} jumps over it", "max_new_frames": 10 + i % 3}
         for i in range(6)]
@@ -53,15 +50,9 @@ def audio_of(path) -> np.ndarray:
 @pytest.fixture(scope="module")
 def retried(tmp_path_factory):
     """ROWS under --retry 3, and the same run again into a second folder."""
-    from tests.planted_asr import planted_asr
+    from tests.planted_asr import run_twice
 
-    tmp = tmp_path_factory.mktemp("retry")
-    prompts = write_jsonl(tmp / "p.jsonl", ROWS)
-    with planted_asr():
-        for name in ("a", "b"):
-            res = run_cli("generate", prompts, "-o", tmp / name, *FLAGS, "--retry", "3")
-            assert res.exit_code == 0, res.output
-    return prompts, tmp / "a", tmp / "b"
+    return run_twice(tmp_path_factory.mktemp("retry"), ROWS, (*FLAGS, "--retry", "3"))
 
 
 def test_retries_follow_the_gate_with_derived_seeds(retried, tmp_path):
@@ -128,15 +119,10 @@ def test_resume_after_a_kill_among_retries(retried, tmp_path):
     out = tmp_path / "out"
     attempts = sum(len(r["attempts"]) for r in read_manifest(reference))
     assert attempts - len(ROWS) >= 2, "fewer than two retries: the kill would not fall among them"
+    from tests.planted_asr import killed_then_resumed
+
     # killed with one attempt left: the retries before it are written, the run's last still to come
-    kill = f"mid:{attempts - 1}"
-    env = dict(os.environ, OMNI_TEST_PLANTED_ASR="1", OMNI_TEST_KILL=kill, TOKENIZERS_PARALLELISM="false")
-    cmd = [sys.executable, "-m", "tests.killing", "generate", str(prompts), "-o", str(out), *FLAGS, "--retry", "3"]
-    res = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
-    assert res.returncode == -9, res.stderr
-    res = subprocess.run(cmd + ["--resume"], cwd=REPO, env=dict(env, OMNI_TEST_KILL=""), capture_output=True,
-                         text=True, timeout=300)
-    assert res.returncode == 0, res.stderr
+    killed_then_resumed(prompts, out, (*FLAGS, "--retry", "3"), f"mid:{attempts - 1}")
     assert digests(out) == digests(reference)
 
 

@@ -12,7 +12,7 @@ import json
 import pytest
 
 from tests.conftest import digests, read_manifest, run_cli, write_jsonl
-from tests.test_quality_job import audio_of, oracle_seed, wer
+from tests.test_quality_job import audio_of, oracle_seed, planted_asr, wer  # noqa: F401  (its autouse fixture)
 
 FIVE = "The first sentence is here. Then a second one follows! Is this the third? Yes, the fourth."
 ROWS = [{"id": "long1", "text": FIVE, "chunk": "sentence"},
@@ -22,25 +22,11 @@ FLAGS = ("--deterministic", "--seed", "11", "--max-batch-size", "4", "-q", "--ma
          "--score", "asr", "--reject", "wer>0.1")
 
 
-@pytest.fixture(autouse=True)
-def planted_asr(monkeypatch):
-    from omni_cli.quality import job
-    from tests.planted_asr import PlantedAsr
-
-    monkeypatch.setitem(job.FACTORIES, "asr", lambda settings, device: PlantedAsr())
-
-
 @pytest.fixture(scope="module")
 def retried(tmp_path_factory):
-    from tests.planted_asr import planted_asr
+    from tests.planted_asr import run_twice
 
-    tmp = tmp_path_factory.mktemp("long-retry")
-    prompts = write_jsonl(tmp / "p.jsonl", ROWS)
-    with planted_asr():
-        for name in ("a", "b"):
-            res = run_cli("generate", prompts, "-o", tmp / name, *FLAGS, "--retry", "3")
-            assert res.exit_code == 0, res.output
-    return tmp / "a", tmp / "b"
+    return run_twice(tmp_path_factory.mktemp("long-retry"), ROWS, (*FLAGS, "--retry", "3"))[1:]
 
 
 def test_a_long_row_is_retried_whole_at_derived_seeds(retried):
@@ -98,24 +84,12 @@ def test_best_of_runs_a_long_row_that_many_times(tmp_path):
 def test_resume_after_a_kill_among_a_long_rows_attempts(retried, tmp_path):
     """Killed after the last chunk but one of the run is written (among a retried long row's chunks):
     --resume starts unfinished rows' attempts over and writes the uninterrupted run's bytes."""
-    import os
-    import subprocess
-    import sys
-
-    from tests.conftest import REPO
+    from tests.planted_asr import killed_then_resumed
 
     reference, _ = retried
     rows = read_manifest(reference)
     chunks = sum(r.get("chunks", 0) * len(r["attempts"]) for r in rows)
     assert any(r.get("chunks") and len(r["attempts"]) > 1 for r in rows)
-    prompts = write_jsonl(tmp_path / "p.jsonl", ROWS)
     out = tmp_path / "out"
-    env = dict(os.environ, OMNI_TEST_PLANTED_ASR="1", OMNI_TEST_KILL=f"chunk:{chunks - 1}",
-               TOKENIZERS_PARALLELISM="false")
-    cmd = [sys.executable, "-m", "tests.killing", "generate", str(prompts), "-o", str(out), *FLAGS, "--retry", "3"]
-    res = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
-    assert res.returncode == -9, res.stderr
-    res = subprocess.run(cmd + ["--resume"], cwd=REPO, env=dict(env, OMNI_TEST_KILL=""), capture_output=True,
-                         text=True, timeout=300)
-    assert res.returncode == 0, res.stderr
+    killed_then_resumed(write_jsonl(tmp_path / "p.jsonl", ROWS), out, (*FLAGS, "--retry", "3"), f"chunk:{chunks - 1}")
     assert digests(out) == digests(reference)

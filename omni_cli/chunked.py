@@ -46,13 +46,17 @@ class LongRow:
     finish_reason: str | None = None  # once the last chunk is generated: "length" if any chunk's was; "failed"
     failed: bool = False
     resumed: int = 0  # chunks an earlier run finished (--resume: omni_cli/chunk_store.py)
-    rid: str = ""  # its chunks' request ids' stem: the row's id ("": it), or a scoring attempt's
+    rid: str = ""  # its chunks' request ids' stem: "" the row's id (attempt 0), else a scoring attempt's
     first_prompt: object = None  # chunk 0's prompt (a scoring attempt starts the row over from it)
-    stored: bool = True  # its finished chunks are kept in the store: attempt 0's; a retry's are not
 
     @property
     def n(self) -> int:
         return len(self.texts)
+
+    @property
+    def stored(self) -> bool:
+        """Its finished chunks are kept in the store: attempt 0's; a scoring attempt's are not."""
+        return not self.rid
 
 
 def chunk_rid(rid: str, k: int) -> str:
@@ -99,8 +103,7 @@ class ChunkedRows:
         prompt, at the attempt's seed, under request ids of its own. Its chunks are not kept in the
         store: a killed run starts the row's attempts over, as it does a plain row's. Returns chunk 0's
         request and the chunks the audio stage will see."""
-        again = LongRow(lr.row, lr.system, lr.params, seed, lr.texts, lr.digest, rid=rid,
-                        first_prompt=lr.first_prompt, stored=False)
+        again = LongRow(lr.row, lr.system, lr.params, seed, lr.texts, lr.digest, rid=rid, first_prompt=lr.first_prompt)
         if self.progress is not None:
             self.progress.more_chunks(again.n)
         return self._request(again, 0, lr.first_prompt), again.n

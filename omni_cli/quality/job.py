@@ -56,7 +56,7 @@ def build_scorers(settings: QualitySettings, device: str) -> tuple[dict[str, Sco
 
 
 def start_stage(settings: QualitySettings, scorers: dict[str, Scorer], results, audio, model, queued: dict,
-                clips: dict, scheduler, chunker=None) -> tuple[QualityStage, int]:
+                clips: dict, scheduler, chunker) -> tuple[QualityStage, int]:
     """The stage over the queued rows (results.rows), with --best-of's extra attempts queued; a long
     row's attempts start it over through the chunker (omni_cli/chunked.py). Returns the stage and the
     number of extra requests the audio stage will see."""
@@ -66,7 +66,7 @@ def start_stage(settings: QualitySettings, scorers: dict[str, Scorer], results, 
         return None if clip is None else (clip.samples, clip.rate)
 
     stage = QualityStage(settings, scorers, results, audio, reference_audio, model.frame_rate, model.real_code_mask,
-                         chunker.retry if chunker is not None else None)
+                         chunker.retry)
     results.quality = stage
     extra = 0
     for rid, (row, system, entry, digest) in list(queued.items()):

@@ -43,7 +43,6 @@ class RowState:
     long_row: Any = None  # a long row's attempt 0 (omni_cli/chunked.py: LongRow); attempts start it over
     attempts: dict[int, Attempt] = field(default_factory=dict)
     started: int = 1  # attempts queued so far
-    retries: bool = True  # further attempts can be made (a long row's need the chunker)
     done: bool = False
 
     @property
@@ -54,7 +53,7 @@ class RowState:
 
 class QualityStage:
     def __init__(self, settings: QualitySettings, scorers: dict[str, Scorer], results, audio, reference_audio,
-                 frame_rate: float, real_code_mask: Callable, retry_long: Callable | None = None):
+                 frame_rate: float, real_code_mask: Callable, retry_long: Callable):
         self.settings = settings
         self.scorers = scorers  # name -> Scorer, in the settings' order
         self.results, self.audio = results, audio  # omni_cli/results.py RowResults, omni_cli/audio_stage.py
@@ -82,9 +81,8 @@ class QualityStage:
         Returns the extra attempts of --best-of, to queue beside it: (first request, requests the
         audio stage will see)."""
         state = RowState(row, system, req, long_row)
-        state.retries = req is not None or self._retry_long is not None
         self._rows[row.id] = state
-        if not state.retries or self.settings.best_of == 1:
+        if self.settings.best_of == 1:
             return []
         state.started = self.settings.best_of
         return [self._request(state, k) for k in range(1, self.settings.best_of)]
@@ -243,7 +241,7 @@ class QualityStage:
             return  # best-of: the other attempts still run
         attempts = [state.attempts[k] for k in sorted(state.attempts)]
         kept, why = choose(attempts)
-        if not kept.passes and state.retries and state.started < self.settings.max_attempts:
+        if not kept.passes and state.started < self.settings.max_attempts:
             req, requests = self._request(state, state.started)
             state.started += 1
             self.retries += 1

@@ -22,7 +22,8 @@ from typing import Sequence
 
 import numpy as np
 
-from .base import torch_device
+from .base import model_dtype, torch_device
+from .wer import language_code
 
 INSTALL = "pip install faster-whisper"
 FILES = ("model.bin", "config.json", "tokenizer.json", "preprocessor_config.json")
@@ -54,8 +55,7 @@ class FasterWhisperASR:
         from faster_whisper import WhisperModel
 
         dev = torch_device(device)
-        compute = {"float16": "float16", "bfloat16": "bfloat16", "float32": "float32"}.get(str(dtype or "").replace(
-            "torch.", ""), "float16" if dev.type == "cuda" else "float32")
+        compute = str(model_dtype(dev, dtype)).removeprefix("torch.")  # the transformers backend's dtype rule
         self.model = WhisperModel(str(model), device=dev.type, device_index=dev.index or 0, compute_type=compute)
         self.num_beams = int(num_beams) if num_beams is not None else 5  # faster-whisper's and the pipeline's
         self.max_new_tokens = max_new_tokens
@@ -63,8 +63,6 @@ class FasterWhisperASR:
 
     def language(self, language: str | None) -> str | None:
         """The Whisper code the model is told for a row's language; None: it detects one."""
-        from .wer import language_code
-
         code = language_code(language)
         return code if code is not None and code in self.model.supported_languages else None
 

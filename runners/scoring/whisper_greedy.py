@@ -56,7 +56,6 @@ class GreedyWhisper:
         self.suppress_gpu = self._mask(vocab, gc.suppress_tokens)
         self.begin_gpu = self._mask(vocab, list(gc.suppress_tokens or []) + list(gc.begin_suppress_tokens or []))
         self.lang_only_gpu = self._mask(vocab, [t for t in range(vocab) if t not in set(self.lang_ids)])
-        self._graphs: dict[tuple[int, int], tuple] = {}
 
     @staticmethod
     def eligible(model) -> bool:

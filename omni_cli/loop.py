@@ -3,9 +3,15 @@
 Async decode (one-step lookahead), launch first: decode step N+1 is enqueued
 on the device before step N is resolved on the host, so the host's collect,
 bookkeeping and file writing hide behind the device's forward. At most one
-step is pending. A prefill, or a decode batch the runner declares ineligible,
-runs synchronously after the pending step is resolved (a drain); so does the
-end of the input and the moment no decode step can be built.
+decode step is pending. A prefill that carries the running rows' decode step
+(the scheduler's ``beside``) launches that step, then the prefill behind it,
+then resolves step N: both stay pending, and the next decode step (the new
+rows with it) is launched before they are resolved, so the device never waits
+on the host around a refill. A prefill alone, or a decode batch the runner
+declares ineligible, runs synchronously after the pending steps are resolved
+(a drain); so does the end of the input and the moment no decode step can be
+built. Without async decode a prefill's decode step runs first, then the
+prefill, so both modes batch rows alike.
 """
 
 from __future__ import annotations
@@ -24,8 +30,9 @@ class LoopStats:
     async_decode: bool
     sync_routed: int = 0  # decode steps sent down the sync path by lookahead_eligible
     step_ms: list[float] = field(default_factory=list)  # host time per decode iteration
-    prefill_ms: list[float] = field(default_factory=list)  # host time per prefill step
+    prefill_ms: list[float] = field(default_factory=list)  # host time per prefill step (with a decode beside it)
     peak_rows: int = 0  # the most rows one decode step ran
+    beside: int = 0  # prefill steps that ran beside the running rows' decode step
 
     def percentiles(self) -> dict[str, float]:
         if not self.step_ms:
@@ -41,7 +48,7 @@ def run_loop(scheduler: Scheduler, runner, on_finished: Callable[[list[Request]]
     omni_cli/quality/stage.py): requests added while the loop runs (retries), between steps;
     with the scheduler empty the loop ends only once feed.wait_for_more() says none can come."""
     stats = LoopStats(async_decode=async_decode)
-    pending = None
+    pending: list = []  # launched steps, resolved in launch order
 
     def handle(so_requests, out) -> None:
         on_step(len(out.req_ids), stats)
@@ -55,16 +62,15 @@ def run_loop(scheduler: Scheduler, runner, on_finished: Callable[[list[Request]]
             on_finished(done)
 
     def resolve() -> None:
-        nonlocal pending
-        if pending is not None:
-            p, pending = pending, None
+        while pending:
+            p = pending.pop(0)
             handle(p.scheduler_output.requests, runner.execute_resolve(p))
 
     try:
         while True:
             if feed is not None:
                 feed.add_waiting(scheduler)
-            if not (scheduler.has_work() or pending is not None):
+            if not (scheduler.has_work() or pending):
                 if feed is not None and feed.wait_for_more():
                     continue
                 break
@@ -73,25 +79,36 @@ def run_loop(scheduler: Scheduler, runner, on_finished: Callable[[list[Request]]
             if so is None:  # every running request waits on the pending step
                 resolve()
                 continue
-            if not so.is_prefill:
-                stats.peak_rows = max(stats.peak_rows, len(so.requests))
-            lookahead = async_decode and not so.is_prefill
-            if lookahead and not runner.lookahead_eligible(so):
+            decode = so.beside if so.is_prefill else so
+            if decode is not None:
+                stats.peak_rows = max(stats.peak_rows, len(decode.requests))
+            lookahead = async_decode and decode is not None
+            if lookahead and not runner.lookahead_eligible(decode):
                 stats.sync_routed += 1
                 lookahead = False
-            if lookahead:
+            if so.is_prefill and decode is not None:  # the running rows' step, then the prefill behind it
+                stats.beside += 1
+                if lookahead and runner.launches_prefill:
+                    launched = [runner.execute_launch(decode), runner.execute_prefill_launch(so)]
+                    resolve()  # step N, while both run
+                    pending.extend(p for p in launched if p is not None)
+                else:
+                    resolve()
+                    handle(decode.requests, runner.execute(decode))
+                    handle(so.requests, runner.execute(so))
+            elif lookahead:
                 launched = runner.execute_launch(so)  # step N+1 first ...
-                resolve()  # ... then step N
-                pending = launched
+                resolve()  # ... then step N (and a prefill launched beside it)
+                if launched is not None:
+                    pending.append(launched)
             else:
                 resolve()  # drain
                 handle(so.requests, runner.execute(so))
             (stats.prefill_ms if so.is_prefill else stats.step_ms).append((time.perf_counter() - t0) * 1e3)
     finally:
-        # on Ctrl-C or an error: the pending step's completed rows still count
-        if pending is not None:
-            try:
-                resolve()
-            except Exception:  # noqa: BLE001  (the original exception is the one to report)
-                pass
+        # on Ctrl-C or an error: the pending steps' completed rows still count
+        try:
+            resolve()
+        except Exception:  # noqa: BLE001  (the original exception is the one to report)
+            pass
     return stats

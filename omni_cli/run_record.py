@@ -59,6 +59,8 @@ def run_record(opts, config, model, results, progress, audio, stats, interrupted
                     "loop_s": round(t["decoded"] - t["loop"], 3),
                     "prefill_s": round(sum(stats.prefill_ms) / 1e3, 3) if stats else None,
                     "prefill_steps": len(stats.prefill_ms) if stats else None,
+                    # of those, the ones that ran beside the running rows' decode step (the refills)
+                    "prefill_beside_steps": stats.beside if stats else None,
                     "write_tail_s": round(t["written"] - t["decoded"], 3),
                     # of that tail: until the codec thread's last call returned (its files submitted;
                     # <= 0 when it returned during the loop), and the writers' busy seconds over the run

@@ -1,13 +1,15 @@
 """Offline scheduler with continuous batching. Pure Python: never touches the device.
 
-Each step it hands the runner either a prefill batch (newly admitted prompts)
-or a decode batch (one frame for every running request). Requests of very
-different lengths share the batch over time and new ones join mid-flight.
-Admission waits until an eighth of the slots are free (or the rest of the
-queue fits, or nothing else can run): a prefill stops every running request
-for its length, and a small one is host-bound, so one prompt costs nearly
-as much as eight, and a prefill per freed slot spends most of a run in
-one-prompt refills (BENCHMARKS.md, prefill).
+Each step it hands the runner a decode batch (one frame for every running
+request) or a prefill batch (newly admitted prompts); with ``beside``, a
+prefill admitted while requests run carries their decode step with it
+(``SchedulerOutput.beside``), which the loop launches first, so the running
+rows advance a frame during the prefill instead of waiting for it. Requests
+of very different lengths share the batch over time and new ones join
+mid-flight. Admission waits until an eighth of the slots are free (or the
+rest of the queue fits, or nothing else can run): a small prefill is
+host-bound, so one prompt costs nearly as much as eight, and a prefill per
+freed slot spends most of a run in one-prompt refills (BENCHMARKS.md, prefill).
 
 A request holds one slot (its row of the runner's per-row state) from its
 prefill until it finishes; the slot pool enforces that a slot is freed exactly
@@ -130,6 +132,9 @@ class SchedulerOutput:
     is_prefill: bool
     requests: list[Request]  # row order of this step's batch
     steps: list[int]  # per row: index of the frame this step samples (0 = the prefill's)
+    # a prefill's: the decode step of the requests already running, to run beside it (before it on the
+    # device); None when none can run or the scheduler was made without ``beside``
+    beside: "SchedulerOutput | None" = None
 
 
 class SlotPool:
@@ -157,8 +162,9 @@ class SlotPool:
 
 class Scheduler:
     def __init__(self, max_batch_size: int, max_seq_len: int, max_prefill_tokens: int | None = None,
-                 blocks: BlockPool | None = None):
+                 blocks: BlockPool | None = None, beside: bool = False):
         self.max_batch_size = max_batch_size
+        self.beside = beside  # a prefill carries the running requests' decode step (the loop runs both)
         self.blocks = blocks
         self.max_seq_len = max_seq_len
         # bounds the activation memory of one prefill, which runs every row at the length of its
@@ -171,8 +177,9 @@ class Scheduler:
 
     @classmethod
     def for_runner(cls, runner, max_seq_len: int) -> "Scheduler":
-        """As many rows as the runner has slots, admitted through its block pool (if it has one)."""
-        return cls(runner.num_slots, max_seq_len, blocks=runner.kv_blocks)
+        """As many rows as the runner has slots, admitted through its block pool (if it has one),
+        prefills beside decode steps."""
+        return cls(runner.num_slots, max_seq_len, blocks=runner.kv_blocks, beside=True)
 
     def add(self, req: Request) -> None:
         """Queue a request. Raises ValueError if it can never fit in a KV slot."""
@@ -192,7 +199,8 @@ class Scheduler:
         return bool(self.waiting or self.running)
 
     def schedule(self) -> SchedulerOutput | None:
-        """Prefill new requests when enough slots are free, else decode the running ones.
+        """Prefill new requests when enough slots are free (with ``beside``, the running ones' decode
+        step rides along as the output's ``beside``), else decode the running ones.
 
         A running request whose frames up to max_new_frames are all scheduled
         is left out: it only waits for its last step to be resolved. None when
@@ -228,7 +236,10 @@ class Scheduler:
             admitted.append(nxt)
         if admitted:
             self.running.extend(admitted)
-            return self._output(True, admitted)
+            out = self._output(True, admitted)
+            if self.beside and ready:
+                out.beside = self._output(False, ready)
+            return out
         return self._output(False, ready) if ready else None
 
     @staticmethod

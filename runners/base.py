@@ -33,6 +33,13 @@ launch(N+1)'s copy fills the other (one stream orders device work, but not a
 CPU read against a later device write). Requests that finished while a step
 was in flight get nothing from it: their rows are dropped.
 
+A prefill beside a decode step (omni_cli/scheduler.py: ``beside``):
+``execute_prefill_launch`` enqueues it behind the launched decode step
+(forward, the draw of frame 0, ``post_prefill_launch``'s publish and copy
+into a staging pair of its own) and returns a _PendingStep that
+``execute_resolve`` consumes like a decode step's. Its rows' slots are not
+the decode step's, so the two never touch each other's device state.
+
 Rows: a request contributes ``num_streams`` distributions per step (Higgs: 8
 codebooks), each over ``vocab_size`` entries; the sampler's per-slot tables
 hold each request's sampling parameters (sampler.py).
@@ -87,7 +94,7 @@ class StepCollect:
 
 @dataclass
 class _PendingStep:
-    """A decode step launched on the device and not yet consumed on the host."""
+    """A decode step (or a prefill beside one) launched on the device and not yet consumed on the host."""
 
     event: object  # recorded right after post_decode_launch published the step
     launch_buf: object  # what post_decode_launch returned: host staging or a device snapshot
@@ -113,8 +120,10 @@ class ModelRunner:
                                ras_excluded_tokens=self.ras_excluded_tokens, raw_logprobs=raw_logprobs,
                                invariant=engine.deterministic)
         # async decode: two host staging buffers in ping-pong, and the counters
-        self._host_staging: list[torch.Tensor] = []
-        self._staging_slot = 0
+        # ping-pong pairs: "decode" (resolve(N) reads one while launch(N+1) fills the other) and
+        # "prefill" (a prefill beside a decode step; two may be in flight, as for decode steps)
+        self._host_staging: dict[str, list[torch.Tensor]] = {}
+        self._staging_slot = {"decode": 0, "prefill": 0}
         self.async_query_hit = 0
         self.async_query_miss = 0
 
@@ -191,11 +200,24 @@ class ModelRunner:
         """Host half of post_decode: read ``launch_buf`` into ``result.host``."""
         raise NotImplementedError(f"{type(self).__name__} does not support async decode")
 
-    def stage_payload(self, result: BatchResult, fb: ForwardBatch) -> torch.Tensor:
+    # a family that implements post_prefill_launch sets this: the loop then launches a prefill behind the
+    # decode step beside it, else runs both synchronously
+    launches_prefill = False
+
+    def post_prefill_launch(self, result: BatchResult, fb: ForwardBatch, requests):
+        """A launched prefill's post_prefill, device half (after the draw): publish frame 0 and start
+        its copy to the host (stage_payload(..., "prefill")); return what resolve reads."""
+        raise NotImplementedError(f"{type(self).__name__} does not launch prefills")
+
+    def post_prefill_resolve(self, launch_buf, result: BatchResult, fb: ForwardBatch, requests) -> None:
+        """Host half: ``launch_buf`` into ``result.host``."""
+        self.unstage_payload(launch_buf, result, fb)
+
+    def stage_payload(self, result: BatchResult, fb: ForwardBatch, pair: str = "decode") -> torch.Tensor:
         """post_decode_launch for a family whose publish packs the host's share in one payload
-        [B, n]: its non-blocking copy into the next host staging buffer, which is returned."""
+        [B, n]: its non-blocking copy into the pair's next host staging buffer, which is returned."""
         payload = result.payload_gpu
-        staging = self.next_host_staging((self.num_slots, payload.shape[1]), payload.dtype)
+        staging = self.next_host_staging((self.num_slots, payload.shape[1]), payload.dtype, pair)
         staging[: fb.batch_size].copy_(payload, non_blocking=True)
         return staging
 
@@ -204,12 +226,12 @@ class ModelRunner:
         the launch after next) into ``result.host``."""
         result.host = launch_buf[: fb.batch_size].numpy().copy()
 
-    def next_host_staging(self, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
-        """One of two host staging buffers, alternating per call (allocated on first use)."""
-        if not self._host_staging:
-            self._host_staging = [host_buffer(shape, dtype, self.device) for _ in range(2)]
-        buf = self._host_staging[self._staging_slot]
-        self._staging_slot ^= 1
+    def next_host_staging(self, shape: tuple[int, ...], dtype: torch.dtype, pair: str = "decode") -> torch.Tensor:
+        """One of the pair's two host staging buffers, alternating per call (allocated on first use)."""
+        if pair not in self._host_staging:
+            self._host_staging[pair] = [host_buffer(shape, dtype, self.device) for _ in range(2)]
+        buf = self._host_staging[pair][self._staging_slot[pair]]
+        self._staging_slot[pair] ^= 1
         return buf
 
     # ---- the pipeline ----------------------------------------------------
@@ -219,10 +241,7 @@ class ModelRunner:
             return ModelRunnerOutput(outputs={}, req_ids=[], req_id_to_index={})
         requests = scheduler_output.requests
         if fb.is_prefill:
-            self.sampler.install(fb.slots_gpu, requests)
-            self.before_prefill(fb, requests)
-            logits = self.custom_prefill_forward(fb, requests)
-            result = BatchResult(logits_gpu=self.engine.forward(fb) if logits is None else logits)
+            result = self._prefill_forward(fb, requests)
             if self.sample_before_post(True):
                 self._sample(result, fb, requests)
             self.post_prefill(result, fb, requests)
@@ -230,6 +249,13 @@ class ModelRunner:
             result = self._decode_step(fb, requests)
             self.post_decode(result, fb, requests)
         return self._finalize(result, fb, requests)
+
+    def _prefill_forward(self, fb: ForwardBatch, requests) -> BatchResult:
+        """A prefill's new rows installed (sampling tables, the family's state) and its forward enqueued."""
+        self.sampler.install(fb.slots_gpu, requests)
+        self.before_prefill(fb, requests)
+        logits = self.custom_prefill_forward(fb, requests)
+        return BatchResult(logits_gpu=self.engine.forward(fb) if logits is None else logits)
 
     def _decode_step(self, fb: ForwardBatch, requests) -> BatchResult:
         """Enqueue a decode step's device work: forward, sampling, publish (one graph where captured)."""
@@ -264,26 +290,41 @@ class ModelRunner:
             raise ValueError("the async lookahead launches decode steps only")
         requests = scheduler_output.requests
         result = self._decode_step(fb, requests)  # tokens stay on the device: the next launch needs them
-        launch_buf = self.post_decode_launch(result, fb, requests)
+        return self._pending(self.post_decode_launch(result, fb, requests), scheduler_output, fb, result)
+
+    def execute_prefill_launch(self, scheduler_output) -> _PendingStep | None:
+        """Enqueue a prefill (behind the decode step launched beside it) and return its pending
+        record, which execute_resolve consumes; does not wait for the device."""
+        fb = self.engine.build_forward_batch(scheduler_output)
+        if fb is None:
+            return None
+        requests = scheduler_output.requests
+        result = self._prefill_forward(fb, requests)
+        self._sample(result, fb, requests)  # frame 0 on the device, before the publish
+        return self._pending(self.post_prefill_launch(result, fb, requests), scheduler_output, fb, result)
+
+    def _pending(self, launch_buf, scheduler_output, fb: ForwardBatch, result: BatchResult) -> _PendingStep:
         event = new_event(self.device)
         event.record()  # after the publish: query() true means launch_buf is ready
-        staged = any(launch_buf is buf for buf in self._host_staging)
+        staged = any(launch_buf is buf for pair in self._host_staging.values() for buf in pair)
         return _PendingStep(event=event, launch_buf=launch_buf, host_staged=staged, scheduler_output=scheduler_output,
-                            forward_batch=fb, batch_result=result, n_real=len(requests))
+                            forward_batch=fb, batch_result=result, n_real=len(scheduler_output.requests))
 
     def execute_resolve(self, pending: _PendingStep | None) -> ModelRunnerOutput | None:
         """Consume a launched step: wait on its event, collect, finalize."""
         if pending is None:
             return None
+        fb = pending.forward_batch
         if pending.event.query():
-            self.async_query_hit += 1
+            self.async_query_hit += not fb.is_prefill  # the hit rate is the decode steps'
         else:
             pending.event.synchronize()
-            self.async_query_miss += 1
+            self.async_query_miss += not fb.is_prefill
         requests = pending.scheduler_output.requests
         # requests that finished while this step was in flight: drop their rows
         skip = {r.rid for r in requests if r.finish_reason is not None}
-        self.post_decode_resolve(pending.launch_buf, pending.batch_result, pending.forward_batch, requests)
+        resolve = self.post_prefill_resolve if fb.is_prefill else self.post_decode_resolve
+        resolve(pending.launch_buf, pending.batch_result, fb, requests)
         return self._finalize(pending.batch_result, pending.forward_batch, requests, skip)
 
     @torch.inference_mode()

@@ -116,9 +116,14 @@ class Engine:
     def deterministic(self) -> bool:
         return self.fixed_shapes is not None
 
-    def _tensor(self, data, dtype=torch.int64) -> torch.Tensor:
-        # host list -> device; a pinned host copy is not worth it at these sizes
-        return torch.tensor(data, dtype=dtype).to(self.device, non_blocking=True)
+    def _tensor(self, data, dtype=torch.int64, pin: bool = False) -> torch.Tensor:
+        """Host data -> device. pin: through pinned memory (a prefill's inputs): a large pageable copy waits
+        for the stream to drain, which stalls a prefill queued behind a decode step (BENCHMARKS.md,
+        reference voices); the caching host allocator keeps the block until the copy is done."""
+        host = torch.as_tensor(data, dtype=dtype)
+        if pin and self.device.type == "cuda":
+            host = host.pin_memory()
+        return host.to(self.device, non_blocking=True)
 
     def build_forward_batch(self, scheduler_output) -> ForwardBatch | None:
         reqs = scheduler_output.requests
@@ -130,9 +135,9 @@ class Engine:
             t = max(lens)
             ids = [r.prompt.ids + [0] * (t - len(r.prompt)) for r in reqs]
             positions = [list(range(t)) for _ in reqs]
-            model_inputs = {"input_ids": self._tensor(ids)}
+            model_inputs = {"input_ids": self._tensor(ids, pin=True)}
             if any(r.prompt.audio for r in reqs):
-                model_inputs["prompt_codes"] = self._tensor(_prompt_codes([r.prompt for r in reqs], t))
+                model_inputs["prompt_codes"] = self._tensor(_prompt_codes([r.prompt for r in reqs], t), pin=True)
             prompts = [r.prompt.content for r in reqs]  # compared by content: audio codes included
             cached, tables = [], []
             if self.blocks is not None:  # each row's blocks (some cached: its prompt runs from there)
@@ -158,7 +163,7 @@ class Engine:
             lengths_cpu=lens,
             steps_cpu=steps,
             steps_gpu=self._tensor(steps),
-            positions_gpu=self._tensor(positions),
+            positions_gpu=self._tensor(positions, pin=scheduler_output.is_prefill),
             model_inputs=model_inputs,
             prompts_cpu=prompts,
             slots_cpu=slots,

@@ -94,14 +94,15 @@ def _digests(out) -> dict[str, str]:
 
 @pytest.fixture(scope="module")
 def three_runs(tmp_path_factory):
-    """The tiny config's rows at batch 1, batch 4, and batch 4 with async decode: name -> file digests."""
+    """The tiny config's rows at batch 1, batch 4, and batch 2 with async decode (rows join mid-run: their
+    prefills launched beside the running rows' decode steps): name -> file digests."""
     tmp = tmp_path_factory.mktemp("batches")
     rows = [{"id": f"r{i}", "text": t, "language": "English", "instruct": "A calm voice."}
             for i, t in enumerate(["Hello there.", "A longer sentence than the first one.", "Yes.", "Goodbye for now."])]
     prompts = write_jsonl(tmp / "p.jsonl", rows)
     got = {}
     for name, flags in (("b1", ("--max-batch-size", "1")), ("b4", ("--max-batch-size", "4")),
-                        ("b4-async", ("--max-batch-size", "4", "--async-decode"))):
+                        ("b2-async", ("--max-batch-size", "2", "--async-decode"))):
         res = run_cli("generate", prompts, "-o", tmp / name, "--model", "tiny-qwen3-tts", "--seed", "5",
                       "--deterministic", "--max-new-frames", "12", "-q", *flags)
         assert res.exit_code == 0, res.output
@@ -112,7 +113,7 @@ def three_runs(tmp_path_factory):
 
 def test_tiny_config_codes_are_byte_identical_across_batch_sizes_and_async(three_runs):
     npz = {name: {k: v for k, v in d.items() if k.endswith(".npz")} for name, d in three_runs.items()}
-    assert npz["b1"] == npz["b4"] == npz["b4-async"]
+    assert npz["b1"] == npz["b4"] == npz["b2-async"]
 
 
 # NOTE: a known defect, under investigation: in about half the full suite's runs (and 1 in 40 runs in a
@@ -121,7 +122,7 @@ def test_tiny_config_codes_are_byte_identical_across_batch_sizes_and_async(three
 @pytest.mark.xfail(strict=False, reason="known: the CPU codec's wav sometimes 1 LSB off in a few samples")
 def test_tiny_config_audio_is_byte_identical_across_batch_sizes_and_async(three_runs):
     wav = {name: {k: v for k, v in d.items() if k.endswith(".wav")} for name, d in three_runs.items()}
-    assert wav["b1"] == wav["b4"] == wav["b4-async"]
+    assert wav["b1"] == wav["b4"] == wav["b2-async"]
 
 
 def test_fields_the_checkpoint_cannot_use_fail_their_row_before_loading(tmp_path, monkeypatch):

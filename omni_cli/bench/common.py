@@ -117,7 +117,7 @@ def drive(runner, reqs: list[Request], max_batch: int, max_seq_len: int, async_d
     """reqs through the scheduler loop after omni generate's warm-up (graph captures and a cold
     process's kernel compiles are startup, not part of the measured run)."""
     warm_up_lm(runner, reqs[:max_batch], max_seq_len, async_decode)
-    sched = Scheduler(max_batch, max_seq_len, blocks=runner.kv_blocks)
+    sched = Scheduler(max_batch, max_seq_len, blocks=runner.kv_blocks, beside=True)
     for r in reqs:
         sched.add(r)
     sync(device)

@@ -1,0 +1,117 @@
+"""Prefill beside decode: a refill carries the running rows' decode step, which the loop launches
+first and the prefill behind it (omni_cli/scheduler.py ``beside``, omni_cli/loop.py), on the CPU.
+
+The oracle for the rows' bytes is the drain path (no ``beside``: every prefill waits for the
+pending step and runs alone), which tests/test_async.py and tests/test_seeded.py hold to the
+synchronous one-row run; under --deterministic a row's bits do not depend on which steps it shared.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from omni_cli.loop import run_loop
+from omni_cli.runners.prompt_input import PromptInput
+from omni_cli.runners.sampling.params import SamplingParams
+from omni_cli.scheduler import Request, Scheduler
+from tests.test_async import TEXTS, _tiny_runner
+
+
+def _request(rid: str, frames: int) -> Request:
+    return Request(rid=rid, prompt=PromptInput(ids=[1, 2, 3]), params=SamplingParams(max_new_frames=frames), seed=0)
+
+
+@pytest.mark.parametrize("beside", [True, False])
+def test_a_refill_carries_the_running_rows_decode_step(beside):
+    sched = Scheduler(max_batch_size=4, max_seq_len=64, beside=beside)
+    reqs = [_request(f"r{i}", 6) for i in range(6)]
+    for r in reqs:
+        sched.add(r)
+    first = sched.schedule()
+    assert first.is_prefill and first.requests == reqs[:4] and first.beside is None  # nothing ran yet
+    for step in (1, 2):
+        so = sched.schedule()
+        assert not so.is_prefill and so.steps == [step] * 4
+    sched.finish(reqs[1], "stop")  # one slot free: a refill (an eighth of 4 slots rounds up to one)
+    reqs[3].num_scheduled = 6  # its last frame is scheduled: it only waits, so no step of its own
+    refill = sched.schedule()
+    assert refill.is_prefill and refill.requests == [reqs[4]] and refill.steps == [0]
+    if not beside:
+        assert refill.beside is None
+        assert sched.schedule().requests == [reqs[0], reqs[2], reqs[4]]  # the running rows waited a step
+        return
+    decode = refill.beside
+    assert not decode.is_prefill and decode.requests == [reqs[0], reqs[2]] and decode.steps == [3, 3]
+    nxt = sched.schedule()  # the new row's frame 1 with the others' frame 4
+    assert not nxt.is_prefill and nxt.requests == [reqs[0], reqs[2], reqs[4]] and nxt.steps == [4, 4, 1]
+
+
+def _run(runner, prompts, config, beside: bool, async_decode: bool):
+    """Ten rows of their own lengths (the EOS-pushed checkpoint stops some early) through 3 slots."""
+    sched = Scheduler.for_runner(runner, 256)
+    sched.beside = beside
+    reqs = [Request(rid=f"r{i}", prompt=prompts.build(t, config.system_prompt, None),
+                    params=SamplingParams(temperature=1.0, max_new_frames=8 + 3 * i), seed=i)
+            for i, t in enumerate(TEXTS)]
+    for r in reqs:
+        sched.add(r)
+    launched, executed = [], []
+    launch, execute = runner.execute_prefill_launch, runner.execute
+    runner.execute_prefill_launch = lambda so: (launched.append(so), launch(so))[1]
+    runner.execute = lambda so: (executed.append(so.is_prefill), execute(so))[1]
+    try:
+        stats = run_loop(sched, runner, lambda rs: None, lambda rows, st: None, async_decode=async_decode)
+    finally:
+        del runner.execute_prefill_launch, runner.execute
+    assert all(r.finish_reason is not None for r in reqs) and sched.slots.num_free == 3
+    frames = {r.rid: (r.frames.array.copy(), r.logprobs.array.copy()) for r in reqs}
+    return frames, stats, launched, executed
+
+
+def test_refills_beside_decode_keep_every_rows_bytes(tmp_path, eos_ckpt):
+    runner, prompts, config = _tiny_runner(eos_ckpt, tmp_path, max_batch_size=3, deterministic=True)
+    want, drained, _, _ = _run(runner, prompts, config, beside=False, async_decode=True)
+    assert drained.beside == 0
+    for async_decode in (True, False):
+        got, stats, launched, executed = _run(runner, prompts, config, beside=True, async_decode=async_decode)
+        assert stats.beside >= 5  # seven rows joined through three slots, most while others ran
+        if async_decode:  # every refill launched behind its decode step; only the first wave ran alone
+            assert len(launched) == stats.beside and executed.count(True) == 1
+            assert all(so.beside is not None for so in launched)
+        else:
+            assert not launched and executed.count(True) == stats.beside + 1
+        assert got.keys() == want.keys()
+        for rid, (frames, logprobs) in want.items():
+            np.testing.assert_array_equal(got[rid][0], frames, err_msg=rid)
+            np.testing.assert_array_equal(got[rid][1], logprobs, err_msg=rid)
+    # fewer host iterations: the running rows took their frames during the refills
+    assert len(stats.step_ms) < len(drained.step_ms)
+
+
+def test_a_prefill_launched_beside_gives_the_synchronous_prefills_frame(tmp_path, eos_ckpt):
+    """execute_prefill_launch then execute_resolve against execute on the same rows: frame 0's tokens,
+    logprobs and the stop flags, with the prefill's staging pair apart from the decode steps'."""
+    runner, prompts, config = _tiny_runner(eos_ckpt, tmp_path, max_batch_size=3, deterministic=True)
+    outs = []
+    for launched in (False, True):
+        sched = Scheduler.for_runner(runner, 256)
+        for i, t in enumerate(TEXTS[:3]):
+            sched.add(Request(rid=f"r{i}-{launched}", prompt=prompts.build(t, config.system_prompt, None),
+                              params=SamplingParams(temperature=1.0, max_new_frames=5), seed=i))
+        so = sched.schedule()
+        if launched:
+            pending = runner.execute_prefill_launch(so)
+            assert pending.host_staged and any(pending.launch_buf is b for b in runner._host_staging["prefill"])
+            assert all(pending.launch_buf is not b for b in runner._host_staging.get("decode", []))
+            out = runner.execute_resolve(pending)
+        else:
+            out = runner.execute(so)
+        outs.append(out)
+    sync, launched = outs
+    assert sync.req_ids == ["r0-False", "r1-False", "r2-False"] and launched.req_ids == ["r0-True", "r1-True", "r2-True"]
+    for ra, rb in zip(sync.req_ids, launched.req_ids):
+        a, b = sync.outputs[ra], launched.outputs[rb]
+        np.testing.assert_array_equal(a.tokens, b.tokens)
+        np.testing.assert_array_equal(a.logprobs, b.logprobs)
+        assert a.finish_reason == b.finish_reason

@@ -25,6 +25,8 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
+from .device import upload
+
 
 # Deterministic decode attends in key blocks of this size (see _blockwise).
 DET_KEY_BLOCK = 256
@@ -91,7 +93,7 @@ class KVCache:
             rows[i, : len(blocks)] = blocks
         dev = self.table_gpu.device
         self.table_host[slots] = rows
-        self.table_gpu[torch.tensor(slots, device=dev)] = torch.from_numpy(rows).to(dev)
+        self.table_gpu[upload(torch.tensor(slots), dev)] = upload(rows, dev)
         self.assigned += 1
 
     def write(self, layer: int, slots_gpu: torch.Tensor, positions_gpu: torch.Tensor, k: torch.Tensor,

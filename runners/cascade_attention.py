@@ -7,8 +7,14 @@ it. Here a step's rows are grouped by the deepest block they share (runners/kv_b
 the host, once per batch composition); a first kernel takes a tile of up to TILE_ROWS rows of one group, their query
 heads of one KV head stacked as the rows of one matrix, and runs the online softmax over the
 group's shared positions, leaving each row and head its partial state (running max, sum and
-unnormalised output, float32). The per-row kernel then starts from that state at the row's first
-unshared position, which is the log-sum-exp merge of the two parts without a third kernel.
+unnormalised output, float32). Two ways to join the parts (BESIDE):
+  - after: the per-row kernel starts from that state at the row's first unshared position, which is
+    the log-sum-exp merge without a third kernel; the first kernel's few programs run alone first;
+  - beside (CUDA): the first kernel runs on a side stream (captured into the decode graph as a
+    parallel branch) while the per-row kernel attends each row's own positions from scratch and
+    leaves a grouped row's state in partials of its own; a third kernel merges the two by
+    log-sum-exp. The first kernel is a chain of dependent block loads per program, latency more
+    than bandwidth, so it hides under the per-row kernel's reads.
 
 A row's result depends on its group's shared length (where the first part ends), so a row's bits
 follow its batch-mates, as the default mode's already do (the row bucket's key block); deterministic
@@ -90,12 +96,78 @@ def _shared_prefix_kernel(
         tl.store(acc_ptr + part[:, None] * D + d[None, :], acc, mask=ok[:, None])
 
 
-# (device, rows, H, D) -> the partial maxima, sums and outputs [rows, H] / [rows, H, D] float32
+@triton.jit
+def _merge_kernel(out_ptr, shared_ptr, m_a, l_a, acc_a, m_b, l_b, acc_b, stride_ob, stride_oh,
+                  H: tl.constexpr, H_PAD: tl.constexpr, D: tl.constexpr):
+    # program (row): a grouped row's two partial states [H] / [H, D] (its group's, its own) -> its output
+    row = tl.program_id(0)
+    if tl.load(shared_ptr + row) > 0:
+        h = tl.arange(0, H_PAD)
+        d = tl.arange(0, D)
+        ok = h < H
+        part = row * H + h
+        ma = tl.load(m_a + part, mask=ok, other=0.0)
+        mb = tl.load(m_b + part, mask=ok, other=0.0)  # -inf where the row has no own keys yet: beta 0
+        m = tl.maximum(ma, mb)
+        alpha, beta = tl.exp(ma - m), tl.exp(mb - m)
+        l = tl.load(l_a + part, mask=ok, other=1.0) * alpha + tl.load(l_b + part, mask=ok, other=0.0) * beta
+        at = part[:, None] * D + d[None, :]
+        acc = (tl.load(acc_a + at, mask=ok[:, None], other=0.0) * alpha[:, None]
+               + tl.load(acc_b + at, mask=ok[:, None], other=0.0) * beta[:, None])
+        tl.store(out_ptr + row * stride_ob + h[:, None] * stride_oh + d[None, :],
+                 (acc / l[:, None]).to(out_ptr.dtype.element_ty), mask=ok[:, None])
+
+
+# The parts joined beside (a side stream and a merge) or after (the per-row kernel continues): see the
+# docstring. After, until benchmarks/cascade_attention.py shows beside faster on the device (BENCHMARKS.md)
+BESIDE = False
+_SIDE: dict[torch.device, torch.cuda.Stream] = {}
+
+
+def _side_stream(device: torch.device):
+    """The first kernel's stream on a CUDA device (high priority: its few programs are placed first); None elsewhere."""
+    if device.type != "cuda":
+        return None
+    if device not in _SIDE:
+        _SIDE[device] = torch.cuda.Stream(device, priority=-1)
+    return _SIDE[device]
+
+
+def cascade_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, table: torch.Tensor,
+                      slots: torch.Tensor, cascade: CascadeInputs, block: int, precision: str, per_row,
+                      out: torch.Tensor) -> None:
+    """Decode attention of a planned step into out [B, H, 1, D]: per_row(shared, partials, mode) launches
+    runners/decode_attention.py's per-row kernel (mode 1: continue from the partials; 2: leave its own)."""
+    b, h, _, d = q.shape
+    if not BESIDE:
+        per_row(cascade.shared_gpu, shared_prefix(q, k_cache, v_cache, table, slots, cascade, block, precision), 1)
+        return
+    side = _side_stream(q.device)
+    if side is None:  # the interpreter: the same kernels in order
+        group = shared_prefix(q, k_cache, v_cache, table, slots, cascade, block, precision)
+    else:
+        # NOTE: the side stream reads q and writes the group partials; the join below orders the merge after
+        # it, and every later use of those buffers (the next layer's kernels) after the merge
+        main = torch.cuda.current_stream(q.device)
+        side.wait_stream(main)
+        with torch.cuda.stream(side):
+            group = shared_prefix(q, k_cache, v_cache, table, slots, cascade, block, precision)
+    own = partials(q.device, b, h, d, "own")
+    per_row(cascade.shared_gpu, own, 2)
+    if side is not None:
+        main.wait_stream(side)
+    _merge_kernel[(b,)](out, cascade.shared_gpu, *group, *own, out.stride(0), out.stride(1), H=h,
+                        H_PAD=triton.next_power_of_2(h), D=d, num_warps=4)
+
+
+# (device, rows, H, D, which) -> the partial maxima, sums and outputs [rows, H] / [rows, H, D] float32:
+# "group" (the first kernel's), "own" (the per-row kernel's, joined beside)
 _PARTIALS: dict[tuple, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
 
 
-def partials(device: torch.device, rows: int, h: int, d: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    key = (device, rows, h, d)
+def partials(device: torch.device, rows: int, h: int, d: int,
+             which: str = "group") -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    key = (device, rows, h, d, which)
     if key not in _PARTIALS:
         # Hazard: made inside a graph capture it would come from the graph's private pool; the decode
         # graphs run every shape eagerly before they capture it (runners/cuda_graphs.py)

@@ -41,7 +41,7 @@ import triton
 import triton.language as tl
 
 from .device import pdl_launch
-from .cascade_attention import shared_prefix
+from .cascade_attention import cascade_attention
 from .fused_ops import _wait_predecessor, kv_offset
 from .online_softmax import _scores, _values
 
@@ -93,10 +93,11 @@ def _decode_attention_kernel(
     l = tl.zeros([REP_PAD], tl.float32)
     acc = tl.zeros([REP_PAD, D], tl.float32)
     begin = 0
-    if CASCADE:  # the first `begin` keys were attended by the row's group (runners/cascade_attention.py)
+    part = row * (REP * tl.num_programs(1)) + heads  # partials [B, H] (a cascade's)
+    if CASCADE > 0:  # the first `begin` keys are the row's group's (runners/cascade_attention.py)
         begin = tl.load(shared_ptr + row)
+    if CASCADE == 1:  # attended already: continue from the group's partials
         if begin > 0:
-            part = row * (REP * tl.num_programs(1)) + heads  # partials [B, H]
             m = tl.load(m_part_ptr + part, mask=head_ok, other=float("-inf"))
             l = tl.load(l_part_ptr + part, mask=head_ok, other=0.0)
             acc = tl.load(acc_part_ptr + part[:, None] * D + d[None, :], mask=head_ok[:, None], other=0.0)
@@ -109,9 +110,16 @@ def _decode_attention_kernel(
         m, l, p, alpha = _scores(q, k, key_ok, m, l, scale, USE_DOT, PRECISION)
         v = tl.load(v_ptr + offs, mask=key_ok[:, None], other=0.0)
         acc = _values(p, alpha, v, acc, USE_DOT, PRECISION)
-    out = acc / l[:, None]  # every row has length >= 1, so l > 0
+    out = acc / l[:, None]  # every row has length >= 1, so l > 0 (a grouped row's is not stored below)
+    store = head_ok
+    if CASCADE == 2:  # the group's part runs beside this kernel: a grouped row leaves its own part's state
+        grouped = head_ok & (begin > 0)
+        tl.store(m_part_ptr + part, m, mask=grouped)
+        tl.store(l_part_ptr + part, l, mask=grouped)
+        tl.store(acc_part_ptr + part[:, None] * D + d[None, :], acc, mask=grouped[:, None])
+        store = head_ok & (begin == 0)
     tl.store(out_ptr + row * stride_ob + heads[:, None] * stride_oh + d[None, :], out.to(out_ptr.dtype.element_ty),
-             mask=head_ok[:, None])
+             mask=store[:, None])
 
 
 @triton.jit
@@ -249,12 +257,15 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
             PDL=bool(early), **early)
     else:
         early = pdl_launch(q.device, b) if invariant else {}
-        grouped = cascade is not None and not invariant
-        # without a cascade the kernel reads neither the shared lengths nor the partials (any tensor will do)
-        shared, parts = (cascade.shared_gpu, shared_prefix(q, k_cache, v_cache, table, slots, cascade, block,
-                                                           shape["PRECISION"])) if grouped else (lengths, (q, q, q))
-        _decode_attention_kernel[(b, kvh)](q, k_cache, v_cache, out, slots, lengths, table, shared, *parts,
-                                           q.stride(0), q.stride(1), out.stride(0), out.stride(1), *strides,
-                                           d ** -0.5, **shape, PDL=bool(early), CASCADE=grouped,
-                                           num_warps=warps, **early)
+
+        def per_row(shared: torch.Tensor, parts, mode: int) -> None:
+            _decode_attention_kernel[(b, kvh)](q, k_cache, v_cache, out, slots, lengths, table, shared, *parts,
+                                               q.stride(0), q.stride(1), out.stride(0), out.stride(1), *strides,
+                                               d ** -0.5, **shape, PDL=bool(early), CASCADE=mode,
+                                               num_warps=warps, **early)
+
+        if cascade is not None and not invariant:
+            cascade_attention(q, k_cache, v_cache, table, slots, cascade, block, shape["PRECISION"], per_row, out)
+        else:  # without a cascade the kernel reads neither the shared lengths nor the partials (any tensor will do)
+            per_row(lengths, (q, q, q), 0)
     return out

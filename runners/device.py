@@ -33,6 +33,13 @@ def new_event(device: torch.device):
     return torch.cuda.Event() if device.type == "cuda" else CpuEvent()
 
 
+def upload(host, device: torch.device) -> torch.Tensor:
+    """A host tensor or array (a temporary) onto the device without waiting: a small pageable source is
+    staged at once; a blocking copy would wait for everything queued, such as the decode step launched
+    beside a prefill."""
+    return torch.as_tensor(host).to(device, non_blocking=True)
+
+
 def host_buffer(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
     """Host memory a device->host copy can fill asynchronously (pinned, on CUDA)."""
     return torch.empty(shape, dtype=dtype, device="cpu", pin_memory=device.type == "cuda")

@@ -21,6 +21,10 @@ What the engine needs of a model (a family's nn.Module), and nothing more:
   model.prefill_graph_inputs(prompts content) -> dict | None: the extra
       keyword arguments a CUDA-graphed prefill of these prompts passes, the
       same for every prompt it accepts; None keeps that prefill eager
+  model.prefill_inputs(prompts content, start, t, device) -> dict (optional):
+      extra keyword arguments of an eager prefill of positions start..start+t-1,
+      known on the host (Higgs: the tokens' routing, which it would otherwise
+      read back from the device)
 
 Deterministic mode makes each row's arithmetic independent of its batch-mates
 and of the batch size, so outputs are byte-identical however rows are
@@ -239,8 +243,11 @@ class Engine:
             logits = self.prefill_graphs.run(fb)
             if logits is not None:
                 return logits if post is None else post(fb, logits)
-        hidden = self.model(self._batch_attention(fb, start),
-                            **{k: v[:, start:] for k, v in fb.model_inputs.items()})  # [B, T - start, H]
+        inputs = {k: v[:, start:] for k, v in fb.model_inputs.items()}
+        known = getattr(self.model, "prefill_inputs", None)
+        if known is not None and len(fb.prompts_cpu) == fb.batch_size:
+            inputs.update(known(fb.prompts_cpu, start, inputs["input_ids"].shape[1], self.device))
+        hidden = self.model(self._batch_attention(fb, start), **inputs)  # [B, T - start, H]
         last = self._tensor([n - 1 - start for n in fb.lengths_cpu])
         logits = self.model.compute_logits(hidden[torch.arange(fb.batch_size, device=hidden.device), last])
         return logits if post is None else post(fb, logits)

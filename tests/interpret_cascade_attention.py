@@ -1,5 +1,6 @@
-"""Cascade decode attention (runners/cascade_attention.py) in Triton's CPU interpreter, against
-float64 attention over each row's own keys and against the per-row kernel without a cascade.
+"""Cascade decode attention (runners/cascade_attention.py) in Triton's CPU interpreter, its two ways of
+joining the parts (BESIDE), against float64 attention over each row's own keys and against the per-row
+kernel without a cascade.
 
 Run as a subprocess by tests/test_decode_attention.py with TRITON_INTERPRET=1. A paged cache of
 16-position blocks in a shuffled order: 18 rows share a 9-block prompt (two tiles of one group),
@@ -83,9 +84,10 @@ def check(d: int) -> list[str]:
     if sorted(p.tile_len.tolist()) != [8 * BS, 9 * BS, 9 * BS]:
         failures.append(f"tiles {p.tile_len.tolist()}: expected two of the first group, one of the second")
     plain = decode_attention(q, kb, vb, table, slots, lengths)
-    for part in ca._PARTIALS.values():  # rows outside a group must not read them
-        for t in part:
-            t.fill_(float("nan"))
+    with torch.inference_mode():  # rows outside a group must not read them (the engine's are inference tensors)
+        for part in ca._PARTIALS.values():
+            for t in part:
+                t.fill_(float("nan"))
     got = decode_attention(q, kb, vb, table, slots, lengths, cascade=ca.to_device(p, q.device))
     err = (got.double() - reference(q, kb, vb, table, slots, lengths)).abs().max().item()
     if not err < 1e-5:
@@ -146,7 +148,7 @@ def check_engine() -> list[str]:
                     t.fill_(float("nan"))
         logits.append(e.forward(fb))
         if cascade is not None:
-            step = ca._PARTIALS.get((cpu, 8, cfg.num_attention_heads, cfg.head_dim))  # the step's 8-row bucket
+            step = ca._PARTIALS.get((cpu, 8, cfg.num_attention_heads, cfg.head_dim, "group"))  # the 8-row bucket
             if step is None or not all(torch.isfinite(t[:4]).all() for t in step):
                 failures.append("the step with a plan left the grouped rows' partials unwritten")
             st = next(iter(e.graphs._entries.values()))[0]
@@ -164,10 +166,14 @@ def main() -> int:
     _patch_interpreter_calls()
     _patch_interpreter_scalars()
     _patch_interpreter_dot()
+    import omni_cli.runners.cascade_attention as ca
+
     failures = []
-    for d in (32, 8):  # tl.dot (head_dim >= 16) and the elementwise path for smaller heads
-        failures += [f"head_dim {d}: {f}" for f in check(d)]
-    failures += check_engine()
+    for beside in (True, False):  # the parts joined by the merge kernel, or by the per-row kernel continuing
+        ca.BESIDE = beside
+        for d in (32, 8):  # tl.dot (head_dim >= 16) and the elementwise path for smaller heads
+            failures += [f"beside={beside}, head_dim {d}: {f}" for f in check(d)]
+        failures += [f"beside={beside}: {f}" for f in check_engine()]
     print("\n".join(failures) or "ok")
     return 1 if failures else 0
 

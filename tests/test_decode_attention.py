@@ -20,17 +20,19 @@ def test_kernels_in_interpreter(script):
     assert res.returncode == 0, res.stdout + res.stderr[-3000:]
 
 
-@pytest.mark.parametrize("block, warps, cascade", [(32, 2, False), (64, 4, False), (32, 2, True), (64, 4, True)])
+# cascade: 0 none; 1 continue from the group's partials; 2 leave a grouped row's own (joined beside)
+@pytest.mark.parametrize("block, warps, cascade", [(32, 2, 0), (64, 4, 0), (64, 4, 1), (32, 2, 2), (64, 4, 2)])
 def test_multi_row_attention_compiles_for_hopper(block, warps, cascade):
     """The interpreter runs a kernel as Python, so it misses what only Triton's compiler rejects
     (a variable typed int32 before a loop and int64 inside it, in a version of this kernel, failed
     on the GPU only). Triton compiles for sm_90 without a GPU: the multi-row kernel as the engine
     launches it (int64 slots and lengths, bf16 at the 3B shape's heads), at both of its tiles, with and
-    without a cascade's first part; and that first part's kernel (runners/cascade_attention.py)."""
+    without a cascade's first part, continuing from it or joined beside it; and that first part's kernel
+    and the merge (runners/cascade_attention.py)."""
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    from omni_cli.runners.cascade_attention import _shared_prefix_kernel
+    from omni_cli.runners.cascade_attention import _merge_kernel, _shared_prefix_kernel
     from omni_cli.runners.decode_attention import _decode_attention_kernel
 
     strides = ("stride_cs", "stride_ch", "stride_ct")
@@ -50,6 +52,13 @@ def test_multi_row_attention_compiles_for_hopper(block, warps, cascade):
         consts = {"H": 24, "REP": 3, "ROWS": 16, "M_PAD": 64, "D": 128, "BLOCK": block, "USE_DOT": True,
                   "PRECISION": "tf32", "BS": 16}
         src = ASTSource(_shared_prefix_kernel, {**sig, **{k: "constexpr" for k in consts}}, constexprs=consts)
+        assert triton.compile(src, target=target, options={"num_warps": 4}).asm["cubin"]
+    if cascade == 2:
+        sig = {"out_ptr": "*bf16", "shared_ptr": "*i32", **{p: "*fp32" for p in ("m_a", "l_a", "acc_a", "m_b", "l_b",
+                                                                                   "acc_b")},
+               "stride_ob": "i32", "stride_oh": "i32"}
+        consts = {"H": 24, "H_PAD": 32, "D": 128}
+        src = ASTSource(_merge_kernel, {**sig, **{k: "constexpr" for k in consts}}, constexprs=consts)
         assert triton.compile(src, target=target, options={"num_warps": 4}).asm["cubin"]
 
 

@@ -174,9 +174,11 @@ def test_decode_attention_through_block_tables_gives_the_slot_caches_bits_on_cud
         assert torch.equal(got, want), (rows, invariant)
 
 
+@pytest.mark.parametrize("beside", [True, False])
 @pytest.mark.parametrize("rows", [64, 256])
-def test_cascade_decode_attention_against_float64_on_cuda(rows):
-    """Cascade attention (runners/cascade_attention.py) at the 3B head shape in bf16: rows in 4 groups
+def test_cascade_decode_attention_against_float64_on_cuda(rows, beside, monkeypatch):
+    """Cascade attention (runners/cascade_attention.py), its parts joined beside (a side stream and the
+    merge) or after, at the 3B head shape in bf16: rows in 4 groups
     sharing 256 positions of a voice (16 blocks) plus a few rows sharing nothing, each row with its own
     1 to 200 positions after; the plan built as the engine builds it. Every row within bf16 rounding of
     float64 attention over its own keys, as close as the per-row kernel is, and the rows outside any
@@ -184,10 +186,12 @@ def test_cascade_decode_attention_against_float64_on_cuda(rows):
     import numpy as np
     import torch
 
+    import omni_cli.runners.cascade_attention as ca
     from omni_cli.runners.cascade_attention import to_device
     from omni_cli.runners.decode_attention import decode_attention
     from omni_cli.runners.kv_blocks import cascade_plan
 
+    monkeypatch.setattr(ca, "BESIDE", beside)
     dev, g = torch.device("cuda"), torch.Generator().manual_seed(rows)
     kvh, h, d, bs = 8, 24, 128, 16
     own = torch.randint(1, 201, (rows,), generator=g).tolist()

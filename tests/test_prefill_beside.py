@@ -115,3 +115,33 @@ def test_a_prefill_launched_beside_gives_the_synchronous_prefills_frame(tmp_path
         np.testing.assert_array_equal(a.tokens, b.tokens)
         np.testing.assert_array_equal(a.logprobs, b.logprobs)
         assert a.finish_reason == b.finish_reason
+
+
+@pytest.mark.parametrize("start", [0, 5])
+def test_the_prefill_routing_known_on_the_host_is_the_one_the_ids_give(tmp_path, eos_ckpt, start):
+    """A prefill takes each token's routing (audio path or text path) from the prompts' host content
+    (model.prefill_inputs), so its forward never waits for the device: the same split as the one read
+    back from input_ids, for rows with audio spans (keyed below zero), audio and delay ids, right padding,
+    and a forward that starts after a cached prefix."""
+    import torch
+
+    from omni_cli.runners.higgs_audio_v2.model import TokenSplit
+
+    runner, _, _ = _tiny_runner(eos_ckpt, tmp_path)
+    model = runner.engine.model
+    a, d = model._audio_ids()
+    g = np.random.default_rng(start)
+    prompts = []
+    for n in (40, 33, 21):
+        content = g.integers(3, 200, n).tolist()
+        content[8:20] = (-1 - g.integers(0, 2 ** 62, 12)).tolist()  # an audio span's frame keys
+        content[20:22] = [d, a]
+        prompts.append(content[:n])
+    t = max(map(len, prompts))
+    ids = torch.zeros(len(prompts), t, dtype=torch.int64)
+    for i, p in enumerate(prompts):
+        ids[i, : len(p)] = torch.tensor([a if c < 0 else c for c in p])  # placeholders where codes go
+    want = TokenSplit(((ids == a) | (ids == d))[:, start:])
+    got = model.prefill_inputs(prompts, start, t - start, torch.device("cpu"))["split"]
+    assert got.all_audio == want.all_audio is False
+    assert torch.equal(got.text_gpu, want.text_gpu) and torch.equal(got.audio_gpu, want.audio_gpu)

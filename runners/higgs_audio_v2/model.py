@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -48,18 +49,21 @@ class TokenSplit:
     never sync. Without audio tokens (a plain TTS prompt), or in decode where
     every token is audio, the whole batch takes one path with no indexing."""
 
-    def __init__(self, audio_mask: torch.Tensor | None, all_audio: bool = True):
-        """audio_mask [B, T] bool; None: every token takes one path (``all_audio`` says which)."""
+    def __init__(self, audio_mask: torch.Tensor | None, all_audio: bool = True, device: torch.device | None = None):
+        """audio_mask [B, T] bool, on the device (one host sync) or on the host (none: the engine's
+        prefills, ``prefill_inputs``) with ``device`` the forward's; None: every token takes one path
+        (``all_audio`` says which)."""
         self.text_gpu = self.audio_gpu = None  # flat token indices [n]; None when that path is empty
         self.all_audio = all_audio  # decode: every position is an audio frame
         if audio_mask is None:
             return
-        flat_cpu = audio_mask.reshape(-1).cpu()  # the forward's one host sync
+        flat_cpu = audio_mask.reshape(-1).cpu()
         self.all_audio = bool(flat_cpu.all())
         if not self.all_audio and bool(flat_cpu.any()):
-            dev = audio_mask.device
-            self.text_gpu = (~flat_cpu).nonzero()[:, 0].to(dev, non_blocking=True)
-            self.audio_gpu = flat_cpu.nonzero()[:, 0].to(dev, non_blocking=True)
+            dev = device or audio_mask.device
+            pin = (lambda t: t.pin_memory()) if dev.type == "cuda" else (lambda t: t)  # noqa: E731
+            self.text_gpu = pin((~flat_cpu).nonzero()[:, 0]).to(dev, non_blocking=True)
+            self.audio_gpu = pin(flat_cpu.nonzero()[:, 0]).to(dev, non_blocking=True)
 
     def route(self, text_fn, audio_fn, *inputs):
         """inputs [N, ...] (None passes through) -> the outputs of text_fn / audio_fn per token,
@@ -315,6 +319,17 @@ class HiggsAudioV2LM(nn.Module):
         if not self.fused or any(i < 0 or i in audio for p in prompts for i in p):
             return None
         return {"split": _TEXT_ONLY}
+
+    def prefill_inputs(self, prompts: list[list[int]], start: int, t: int, device: torch.device) -> dict:
+        """The engine's eager-prefill contract: for positions start..start+t-1 of these prompts (host
+        content, right padded), the routing of each token (audio or delay id, or an audio-code position,
+        keyed below zero: what ``input_ids`` gives on the device), so the forward never syncs."""
+        a, d = self._audio_ids()
+        mask = np.zeros((len(prompts), t), dtype=bool)
+        for i, p in enumerate(prompts):
+            row = np.asarray(p[start: start + t], dtype=np.int64)
+            mask[i, : len(row)] = (row < 0) | (row == a) | (row == d)
+        return {"split": TokenSplit(torch.from_numpy(mask), device=device)}
 
     def forward(self, ctx: AttentionContext, input_ids: torch.Tensor | None = None,
                 audio_codes: torch.Tensor | None = None, split: TokenSplit | None = None,

@@ -22,6 +22,7 @@ import torch
 
 from ..attention import fused_kernels_available
 from ..base import BatchResult, ModelRunner, StepCollect
+from ..device import upload
 from ..engine import Engine, ForwardBatch
 from .config import HiggsConfig
 
@@ -64,9 +65,9 @@ class HiggsRunner(ModelRunner):
     def before_prefill(self, fb: ForwardBatch, requests) -> None:
         init = [self._initial_delays(r.prompt_ids) for r in requests]
         s = fb.slots_gpu
-        self.bos_delay_gpu[s] = torch.tensor([i[0] for i in init]).to(self.device)
-        self.eos_delay_gpu[s] = torch.tensor([i[1] for i in init]).to(self.device)
-        self.delay_started_gpu[s] = torch.tensor([i[2] for i in init]).to(self.device)
+        self.bos_delay_gpu[s] = upload(torch.tensor([i[0] for i in init]), self.device)
+        self.eos_delay_gpu[s] = upload(torch.tensor([i[1] for i in init]), self.device)
+        self.delay_started_gpu[s] = upload(torch.tensor([i[2] for i in init]), self.device)
 
     def before_decode(self, fb: ForwardBatch, requests) -> None:
         fb.model_inputs["audio_codes"] = self.last_codes_gpu[fb.slots_gpu][:, None, :]  # [B, 1, C]

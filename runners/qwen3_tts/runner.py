@@ -29,6 +29,7 @@ import torch
 
 from ..base import BatchResult, ModelRunner, StepCollect
 from ..batch import ForwardBatch
+from ..device import upload
 from ..engine import Engine
 from ..sampling.sampler import SLOT_PARAMS, SampleFlags, Sampler
 from .config import GenerationDefaults, Qwen3TTSConfig
@@ -174,14 +175,14 @@ class Qwen3Runner(ModelRunner):
         prompts = [self._talker_prompt(r.prompt) for r in requests]
         t = fb.model_inputs["input_ids"].shape[1]
         arrays = prefill_arrays(prompts, t, self.num_streams, self.model.hidden_size)
-        fb.model_inputs["codec_ids"] = torch.from_numpy(arrays["codec_ids"]).to(self.device)
+        fb.model_inputs["codec_ids"] = upload(arrays["codec_ids"], self.device)
         if "speaker_embeds" in arrays:
-            fb.model_inputs["speaker_embeds"] = torch.from_numpy(arrays["speaker_embeds"]).to(self.device)
+            fb.model_inputs["speaker_embeds"] = upload(arrays["speaker_embeds"], self.device)
         s = fb.slots_gpu
         self.trailing_gpu[s] = self.cfg.tts_pad_token_id
         width = min(max(len(p.trailing_ids) for p in prompts), self.max_seq_len)
         if width:
-            self.trailing_gpu[s, :width] = torch.from_numpy(trailing_table(prompts, width)).to(self.device)
+            self.trailing_gpu[s, :width] = upload(trailing_table(prompts, width), self.device)
         self._install_sub(s, requests)
 
     def _install_sub(self, slots_gpu: torch.Tensor, requests) -> None:
@@ -193,7 +194,7 @@ class Qwen3Runner(ModelRunner):
                  "seed": [r.seed for r in requests]}
         for name, (dtype, _) in SLOT_PARAMS.items():
             values = given[name] if name in given else [SUB_NEUTRAL[name]] * len(requests)
-            self.sub_sampler.slot_gpu[name][slots_gpu] = torch.tensor(values, dtype=dtype).to(self.device)
+            self.sub_sampler.slot_gpu[name][slots_gpu] = upload(torch.tensor(values, dtype=dtype), self.device)
         self.sub_sampler.suppress_gpu[slots_gpu] = False
 
     def before_decode(self, fb: ForwardBatch, requests) -> None:

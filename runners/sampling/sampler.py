@@ -28,6 +28,7 @@ from typing import NamedTuple
 import torch
 
 from ..attention import fused_kernels_available
+from ..device import upload
 from .ops import apply_repetition_penalty, apply_suppress_tokens, draw_rows, ras_replace_mask, seeded_argmax
 from .seeds import derive_seed
 
@@ -105,11 +106,11 @@ class Sampler:
         """Write each new request's parameters into its slot's tables and clear its history
         (at prefill: one host->device copy per table)."""
         for name, (dtype, get) in SLOT_PARAMS.items():
-            self.slot_gpu[name][slots_gpu] = torch.tensor([get(r) for r in requests], dtype=dtype).to(self.device)
+            self.slot_gpu[name][slots_gpu] = upload(torch.tensor([get(r) for r in requests], dtype=dtype), self.device)
         suppress = torch.zeros(len(requests), self.vocab_size, dtype=torch.bool)
         for i, r in enumerate(requests):
             suppress[i, list(r.params.suppress_tokens)] = True
-        self.suppress_gpu[slots_gpu] = suppress.to(self.device)
+        self.suppress_gpu[slots_gpu] = upload(suppress, self.device)
         self.history_gpu[slots_gpu] = -1
 
     def flags(self, requests, steps_cpu: list[int], graphed: bool = False) -> SampleFlags:

@@ -2,9 +2,10 @@
 
 Each step it hands the runner a decode batch (one frame for every running
 request) or a prefill batch (newly admitted prompts); with ``beside``, a
-prefill admitted while requests run carries their decode step with it
+prefill admitted while requests decode carries their decode step with it
 (``SchedulerOutput.beside``), which the loop launches first, so the running
-rows advance a frame during the prefill instead of waiting for it. Requests
+rows advance a frame during the prefill instead of waiting for it (a first
+wave admitted over several prefills still starts decoding together). Requests
 of very different lengths share the batch over time and new ones join
 mid-flight. Admission waits until an eighth of the slots are free (or the
 rest of the queue fits, or nothing else can run): a small prefill is
@@ -237,7 +238,9 @@ class Scheduler:
         if admitted:
             self.running.extend(admitted)
             out = self._output(True, admitted)
-            if self.beside and ready:
+            # NOTE: not while the running rows are a first wave still being admitted (none past frame 0):
+            # rows that start together finish together, in one codec call, not one behind the other
+            if self.beside and any(r.num_scheduled > 1 for r in ready):
                 out.beside = self._output(False, ready)
             return out
         return self._output(False, ready) if ready else None

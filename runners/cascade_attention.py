@@ -119,8 +119,8 @@ def _merge_kernel(out_ptr, shared_ptr, m_a, l_a, acc_a, m_b, l_b, acc_b, stride_
 
 
 # The parts joined beside (a side stream and a merge) or after (the per-row kernel continues): see the
-# docstring. After, until benchmarks/cascade_attention.py shows beside faster on the device (BENCHMARKS.md)
-BESIDE = False
+# docstring; beside is the faster (benchmarks/cascade_attention.py, BENCHMARKS.md: reference voices)
+BESIDE = True
 _SIDE: dict[torch.device, torch.cuda.Stream] = {}
 
 

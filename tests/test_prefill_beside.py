@@ -47,6 +47,20 @@ def test_a_refill_carries_the_running_rows_decode_step(beside):
     assert not nxt.is_prefill and nxt.requests == [reqs[0], reqs[2], reqs[4]] and nxt.steps == [4, 4, 1]
 
 
+def test_a_first_wave_admitted_over_several_prefills_starts_decoding_together():
+    """Rows just prefilled (none past frame 0) do not decode beside the next prefill of the same wave:
+    they would finish one step ahead of it, and reach the codec apart."""
+    sched = Scheduler(max_batch_size=4, max_seq_len=64, max_prefill_tokens=6, beside=True)  # two rows a prefill
+    reqs = [_request(f"r{i}", 6) for i in range(4)]
+    for r in reqs:
+        sched.add(r)
+    first, second = sched.schedule(), sched.schedule()
+    assert first.requests == reqs[:2] and second.is_prefill and second.requests == reqs[2:]
+    assert second.beside is None
+    step = sched.schedule()
+    assert not step.is_prefill and step.requests == reqs and step.steps == [1] * 4
+
+
 def _run(runner, prompts, config, beside: bool, async_decode: bool):
     """Ten rows of their own lengths (the EOS-pushed checkpoint stops some early) through 3 slots."""
     sched = Scheduler.for_runner(runner, 256)

@@ -145,7 +145,7 @@ def generate(
                                       "(pip install 'omni-cli[ray]'): auto joins a running cluster, local starts one "
                                       "here, or a ray:// address; the output folder must be on a path every node shares."),
     score: Optional[str] = typer.Option(None, "--score", metavar="LIST", help="Score every row as it comes out "
-                                        "(pip install 'omni-cli[quality]'): asr, mos, speaker, degenerate."),
+                                        "(pip install 'omni-cli[quality]'): asr, mos, speaker, degenerate, utmos."),
     reject: Optional[str] = typer.Option(None, "--reject", metavar="RULES", help="Rows breaking any rule are "
                                          "rejected, e.g. 'wer>0.1,dnsmos_ovrl<3.0' (default: each score's own "
                                          "threshold; none: reject nothing)."),
@@ -158,6 +158,8 @@ def generate(
                                                 "speaker: hub id or folder."),
     mos_model: Optional[str] = typer.Option(None, "--mos-model", help="Folder of DNSMOS's ONNX files (default: "
                                             "speechmos's)."),
+    utmos_model: Optional[str] = typer.Option(None, "--utmos-model", help="UTMOS for --score utmos: a folder "
+                                              "holding utmos_state_dict.pt, or a hub id."),
 ) -> None:
     """Generate speech for every prompt row.
 
@@ -195,7 +197,7 @@ def generate(
                            voices=voices, chunk_method=chunk_method, chunk_buffer=chunk_buffer,
                            devices=device_list, ray=ray, input_format=input_format, score=score, reject=reject,
                            best_of=best_of, retry=retry, drop_rejected=drop_rejected, asr_model=asr_model,
-                           speaker_model=speaker_model, mos_model=mos_model)
+                           speaker_model=speaker_model, mos_model=mos_model, utmos_model=utmos_model)
     from omni_cli.job_settings import with_family_defaults
 
     opts = _run(lambda: with_family_defaults(opts))

@@ -95,11 +95,12 @@ def merge(
                                             "the others scored); 2 bad arguments or folder; 130 interrupted.")
 def score_cmd(
     out: Path = typer.Argument(..., help="An omni output folder, or audio files with metadata.jsonl or .csv."),
-    score: Optional[str] = typer.Option(None, "--score", metavar="LIST", help="asr, mos, speaker, degenerate."),
+    score: Optional[str] = typer.Option(None, "--score", metavar="LIST", help="asr, mos, speaker, degenerate, utmos."),
     reject: Optional[str] = typer.Option(None, "--reject", metavar="RULES", help="As omni generate's --reject."),
     asr_model: Optional[str] = typer.Option(None, "--asr-model", help="Whisper for asr: hub id or folder."),
     speaker_model: Optional[str] = typer.Option(None, "--speaker-model", help="WavLM x-vector: hub id or folder."),
     mos_model: Optional[str] = typer.Option(None, "--mos-model", help="Folder of DNSMOS's ONNX files."),
+    utmos_model: Optional[str] = typer.Option(None, "--utmos-model", help="UTMOS weights: folder or hub id."),
     device: str = typer.Option("auto", "--device", metavar="cpu|cuda|cuda:N", help="auto: CUDA where there is one."),
     batch_size: int = typer.Option(16, "--batch-size", help="Rows a scorer call takes; saved after each batch."),
     text_column: str = typer.Option("text", "--text-column", help="The manifest's text column."),
@@ -110,6 +111,6 @@ def score_cmd(
     from omni_cli.quality.rescore import ScoreOptions, run_score
 
     opts = ScoreOptions(score, reject, asr_model, speaker_model, mos_model, batch_size, device, text_column, quiet,
-                        rescore)
+                        rescore, utmos_model)
     if _run(lambda: run_score(out, opts)).unscored:
         raise typer.Exit(1)

@@ -58,6 +58,7 @@ class GenerateOptions:
     asr_model: str | None = None
     speaker_model: str | None = None
     mos_model: str | None = None
+    utmos_model: str | None = None
 
 
 @dataclass

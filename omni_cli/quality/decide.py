@@ -19,7 +19,7 @@ from omni_cli.runners.scoring import Rule, broken
 ATTEMPT_NAMESPACE = "omni-cli-attempt"
 # score -> +1 where higher is better, -1 where lower is: the tie-breaks after the rules, in this order
 SCORE_ORDER: tuple[tuple[str, int], ...] = (
-    ("wer", -1), ("cer", -1), ("speaker_sim", +1), ("dnsmos_ovrl", +1), ("dnsmos_p808", +1),
+    ("wer", -1), ("cer", -1), ("speaker_sim", +1), ("utmos", +1), ("dnsmos_ovrl", +1), ("dnsmos_p808", +1),
     ("loop_s", -1), ("hit_max_frames", -1), ("silence_frac", -1), ("clipped_frac", -1), ("mean_logprob", +1),
 )
 BEST_ORDER = ("no rule broken first, then fewer rules broken, then " +

@@ -25,13 +25,17 @@ def _speaker(s: QualitySettings, device: str) -> Scorer:
     return scorer_class("speaker")(model=s.speaker_model, device=device, batch_size=s.batch_size)
 
 
+def _utmos(s: QualitySettings, device: str) -> Scorer:
+    return scorer_class("utmos")(model=s.utmos_model, device=device)
+
+
 def _degenerate(s: QualitySettings, device: str) -> Scorer:
     return scorer_class("degenerate")()
 
 
 # scorer name -> (settings, device) -> Scorer; tests put fakes here (a Whisper that returns planted text)
-FACTORIES = {"asr": _asr, "mos": _mos, "speaker": _speaker, "degenerate": _degenerate}
-FLAGS = {"asr": "--asr-model", "mos": "--mos-model", "speaker": "--speaker-model"}
+FACTORIES = {"asr": _asr, "mos": _mos, "speaker": _speaker, "degenerate": _degenerate, "utmos": _utmos}
+FLAGS = {"asr": "--asr-model", "mos": "--mos-model", "speaker": "--speaker-model", "utmos": "--utmos-model"}
 
 
 def build_scorers(settings: QualitySettings, device: str) -> tuple[dict[str, Scorer], float]:

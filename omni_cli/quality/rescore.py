@@ -68,6 +68,7 @@ class ScoreOptions:  # what quality_settings reads (score, reject, the models, b
     text_column: str = "text"
     quiet: bool = False
     rescore: bool = False
+    utmos_model: str | None = None
 
 
 @dataclass
@@ -178,7 +179,7 @@ def find_manifest(out: Path) -> Path:
 
 def run_score(out: Path, opts: ScoreOptions) -> ScoreReport:
     if not opts.score:
-        raise OmniError("--score: name the scorers to run: asr, mos, speaker, degenerate")
+        raise OmniError("--score: name the scorers to run: asr, mos, speaker, degenerate, utmos")
     if not DEVICE.match(opts.device):
         raise OmniError(f"--device: must be auto, cpu, cuda or cuda:N, got {opts.device!r}")
     if opts.batch_size < 1:

@@ -1,7 +1,7 @@
 """A run's quality settings: which scorers, which rules reject a row, how many attempts a row gets.
 
 From the model YAML's `quality:` section, then the flags over it (`--score`, `--reject`,
-`--best-of`, `--retry`, `--drop-rejected`, `--asr-model`, `--speaker-model`, `--mos-model`).
+`--best-of`, `--retry`, `--drop-rejected`, `--asr-model`, `--speaker-model`, `--mos-model`, `--utmos-model`).
 Checked before anything loads: a bad value is an OmniError naming the YAML file and key
 (`quality.reject`) or the flag, and a scorer whose packages are missing names the install command.
 """
@@ -22,7 +22,8 @@ DEFAULT_ASR_MODEL = "openai/whisper-large-v3-turbo"
 DEFAULT_SPEAKER_MODEL = "microsoft/wavlm-base-plus-sv"  # the speaker_sim default threshold is this model's
 MAX_ATTEMPTS = 16  # best_of + retry: a row's attempts at most (each one a full generation)
 KEYS = ("score", "reject", "best_of", "retry", "drop_rejected", "asr_model", "speaker_model", "mos_model",
-        "batch_size", "asr_beams")
+        "utmos_model", "batch_size", "asr_beams")
+MODEL_KEYS = ("asr_model", "speaker_model", "mos_model", "utmos_model")
 
 
 @dataclass(frozen=True)
@@ -35,6 +36,7 @@ class QualitySettings:
     asr_model: str | None = None
     speaker_model: str | None = None
     mos_model: str | None = None  # a folder holding DNSMOS's ONNX files; None: speechmos's own
+    utmos_model: str | None = None  # a folder (or hub repo) holding UTMOS's utmos_state_dict.pt; no default
     batch_size: int = 16  # rows a scorer call takes at most
     asr_beams: int | None = None  # Whisper's beams; None: the ASR pipeline's default (faster with 1)
 
@@ -50,7 +52,8 @@ class QualitySettings:
         """run.json's `quality`, and what a row's hash covers where scoring is on (it picks the row's bytes)."""
         return {"scorers": list(self.scorers), "reject": [str(r) for r in self.rules], "best_of": self.best_of,
                 "retry": self.retry, "drop_rejected": self.drop_rejected, "asr_model": self.asr_model,
-                "speaker_model": self.speaker_model, "mos_model": self.mos_model, "asr_beams": self.asr_beams}
+                "speaker_model": self.speaker_model, "mos_model": self.mos_model, "utmos_model": self.utmos_model,
+                "asr_beams": self.asr_beams}
 
 
 def parse_section(raw: Any, path: Path) -> dict[str, Any]:
@@ -64,7 +67,7 @@ def parse_section(raw: Any, path: Path) -> dict[str, Any]:
             raise ConfigError(path, f"quality.{key}", f"must be an integer, got {value!r}")
         if key == "drop_rejected" and not isinstance(value, bool):
             raise ConfigError(path, f"quality.{key}", f"must be true or false, got {value!r}")
-        if key in ("asr_model", "speaker_model", "mos_model") and not isinstance(value, str):
+        if key in MODEL_KEYS and not isinstance(value, str):
             raise ConfigError(path, f"quality.{key}", f"must be a string (a hub id or a folder), got {value!r}")
         if key in ("score", "reject") and not (isinstance(value, str) or
                                                (isinstance(value, list) and all(isinstance(v, str) for v in value))):
@@ -136,8 +139,12 @@ def quality_settings(section: dict[str, Any], path: Path | None, opts) -> Qualit
     for key, flag_name, default in (("asr_model", "--asr-model", DEFAULT_ASR_MODEL if "asr" in scorers else None),
                                     ("speaker_model", "--speaker-model",
                                      DEFAULT_SPEAKER_MODEL if "speaker" in scorers else None),
-                                    ("mos_model", "--mos-model", None)):
+                                    ("mos_model", "--mos-model", None), ("utmos_model", "--utmos-model", None)):
         value, place, flag = where(key, flag_name)
+        if key == "utmos_model" and "utmos" in scorers and value is None:
+            fail(flag_name, True, "--score utmos needs the model's weights (or quality.utmos_model): a folder holding "
+                 "utmos_state_dict.pt (the UTMOS22 strong learner as utmos-pytorch loads it), or a hub repository "
+                 "with that file")
         models[key] = _location(value, place, flag, path, fail) if value is not None else default
         if key == "asr_model" and "asr" in scorers and is_ctranslate2_folder(models[key]):
             for problem in ct2_problems(models[key]):  # the faster-whisper backend's, before anything loads

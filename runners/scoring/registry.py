@@ -1,6 +1,6 @@
 """The scorers by name, and the checked forms of `--score` and `--reject`.
 
-`--score asr,mos,speaker,degenerate` -> `parse_scorers` -> the scorer names, in the given order.
+`--score asr,mos,speaker,degenerate,utmos` -> `parse_scorers` -> the scorer names, in the given order.
 `--reject 'wer>0.1,dnsmos_ovrl<3.0'` -> `parse_reject` -> `Rule`s: a score name of an enabled
 scorer, one of > >= < <=, a finite number. A row is rejected by a rule where its value is on
 the rule's side of the threshold; a None value (the scorer could not score the row) rejects
@@ -22,12 +22,14 @@ from .base import Scorer
 from .degenerate import DegenerateScorer
 from .dnsmos import DnsmosScorer
 from .speaker import SpeakerScorer
+from .utmos import UtmosScorer
 
 SCORERS: dict[str, type[Scorer]] = {
     "asr": AsrScorer,
     "mos": DnsmosScorer,
     "speaker": SpeakerScorer,
     "degenerate": DegenerateScorer,
+    "utmos": UtmosScorer,
 }
 # import names each scorer needs beyond omni-cli's own dependencies (the `quality` extra)
 REQUIRES: dict[str, tuple[str, ...]] = {
@@ -35,6 +37,7 @@ REQUIRES: dict[str, tuple[str, ...]] = {
     "mos": ("onnxruntime", "speechmos"),
     "speaker": (),
     "degenerate": (),
+    "utmos": (),
 }
 INSTALL = "pip install 'omni-cli[quality]'"
 OPS = {">": operator.gt, ">=": operator.ge, "<": operator.lt, "<=": operator.le}

@@ -61,10 +61,21 @@ def run_loop(scheduler: Scheduler, runner, on_finished: Callable[[list[Request]]
         if done:
             on_finished(done)
 
-    def resolve() -> None:
-        while pending:
+    def resolve(count: int | None = None) -> None:
+        """The oldest `count` pending steps (all: None), in launch order."""
+        for _ in range(len(pending) if count is None else count):
             p = pending.pop(0)
             handle(p.scheduler_output.requests, runner.execute_resolve(p))
+
+    def launch(*steps) -> None:
+        """Launch these steps (a decode step, a prefill beside it), each pending the moment it is on the device,
+        so an interrupt or error between two still resolves what ran; then resolve the steps before them."""
+        older = len(pending)
+        for start in steps:
+            step = start()
+            if step is not None:
+                pending.append(step)
+        resolve(older)
 
     try:
         while True:
@@ -88,19 +99,14 @@ def run_loop(scheduler: Scheduler, runner, on_finished: Callable[[list[Request]]
                 lookahead = False
             if so.is_prefill and decode is not None:  # the running rows' step, then the prefill behind it
                 stats.beside += 1
-                if lookahead and runner.launches_prefill:
-                    launched = [runner.execute_launch(decode), runner.execute_prefill_launch(so)]
-                    resolve()  # step N, while both run
-                    pending.extend(p for p in launched if p is not None)
+                if lookahead and runner.launches_prefill:  # then step N, while both run
+                    launch(lambda: runner.execute_launch(decode), lambda: runner.execute_prefill_launch(so))
                 else:
                     resolve()
                     handle(decode.requests, runner.execute(decode))
                     handle(so.requests, runner.execute(so))
-            elif lookahead:
-                launched = runner.execute_launch(so)  # step N+1 first ...
-                resolve()  # ... then step N (and a prefill launched beside it)
-                if launched is not None:
-                    pending.append(launched)
+            elif lookahead:  # step N+1 first, then step N (and a prefill launched beside it)
+                launch(lambda: runner.execute_launch(so))
             else:
                 resolve()  # drain
                 handle(so.requests, runner.execute(so))

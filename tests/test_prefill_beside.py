@@ -159,3 +159,31 @@ def test_the_prefill_routing_known_on_the_host_is_the_one_the_ids_give(tmp_path,
     got = model.prefill_inputs(prompts, start, t - start, torch.device("cpu"))["split"]
     assert got.all_audio == want.all_audio is False
     assert torch.equal(got.text_gpu, want.text_gpu) and torch.equal(got.audio_gpu, want.audio_gpu)
+
+
+def test_a_failed_prefill_launch_loses_none_of_the_decode_step_launched_beside_it(tmp_path, eos_ckpt):
+    """The decode step is pending the moment it is launched: when the prefill behind it raises (or an
+    interrupt lands between the two), the loop still resolves it, so its rows keep every frame it drew."""
+    runner, prompts, config = _tiny_runner(eos_ckpt, tmp_path, max_batch_size=3, deterministic=True)
+    sched = Scheduler.for_runner(runner, 256)
+    reqs = [Request(rid=f"r{i}", prompt=prompts.build(t, config.system_prompt, None),
+                    params=SamplingParams(temperature=1.0, max_new_frames=6 + 4 * i), seed=i)
+            for i, t in enumerate(TEXTS[:5])]
+    for r in reqs:
+        sched.add(r)
+    failed = []
+
+    def fail(so):
+        failed.append(so)
+        raise RuntimeError("the prefill did not launch")
+
+    runner.execute_prefill_launch = fail
+    try:
+        with pytest.raises(RuntimeError, match="did not launch"):
+            run_loop(sched, runner, lambda rs: None, lambda rows, st: None, async_decode=True)
+    finally:
+        del runner.execute_prefill_launch
+    (so,) = failed
+    assert so.beside is not None and so.beside.requests
+    for r in so.beside.requests:  # the step launched right before the failure was resolved: no frame lost
+        assert len(r.frames) == r.num_scheduled, r.rid

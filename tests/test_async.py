@@ -65,7 +65,9 @@ def sync_bytes(tmp_path_factory, eos_ckpt):
     return get
 
 
-@pytest.mark.parametrize("batch", [1, 3, 8])  # 1: the one-row path; 3: joins mid-run; 8: every row at once
+# 1: the one-row path; 3: rows join mid-run, refills beside decode (batch 8, most rows at once: tests/test_seeded.py
+# holds its deterministic bytes to these, and its lookahead adds no path the 3-row run does not take on the CPU)
+@pytest.mark.parametrize("batch", [1, 3])
 @pytest.mark.parametrize("sampling", list(SAMPLING))
 def test_async_byte_identical_to_sync(tmp_path, eos_ckpt, sync_bytes, batch, sampling):
     """Staggered stops (the EOS-pushed checkpoint) and 10 rows through fewer slots (joins mid-run):

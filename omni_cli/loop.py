@@ -67,15 +67,18 @@ def run_loop(scheduler: Scheduler, runner, on_finished: Callable[[list[Request]]
             p = pending.pop(0)
             handle(p.scheduler_output.requests, runner.execute_resolve(p))
 
-    def launch(*steps) -> None:
-        """Launch these steps (a decode step, a prefill beside it), each pending the moment it is on the device,
-        so an interrupt or error between two still resolves what ran; then resolve the steps before them."""
+    def launch(decode, prefill=None) -> None:
+        """Launch a decode step (and a prefill behind it), each pending the moment it is on the device, so an
+        interrupt or error between the two still resolves what ran; then resolve the steps before them."""
         older = len(pending)
-        for start in steps:
-            step = start()
-            if step is not None:
-                pending.append(step)
+        hold(runner.execute_launch(decode))
+        if prefill is not None:
+            hold(runner.execute_prefill_launch(prefill))
         resolve(older)
+
+    def hold(step) -> None:
+        if step is not None:  # None: a step with no rows
+            pending.append(step)
 
     try:
         while True:
@@ -99,14 +102,14 @@ def run_loop(scheduler: Scheduler, runner, on_finished: Callable[[list[Request]]
                 lookahead = False
             if so.is_prefill and decode is not None:  # the running rows' step, then the prefill behind it
                 stats.beside += 1
-                if lookahead and runner.launches_prefill:  # then step N, while both run
-                    launch(lambda: runner.execute_launch(decode), lambda: runner.execute_prefill_launch(so))
+                if lookahead:  # then step N, while both run
+                    launch(decode, so)
                 else:
                     resolve()
                     handle(decode.requests, runner.execute(decode))
                     handle(so.requests, runner.execute(so))
             elif lookahead:  # step N+1 first, then step N (and a prefill launched beside it)
-                launch(lambda: runner.execute_launch(so))
+                launch(so)
             else:
                 resolve()  # drain
                 handle(so.requests, runner.execute(so))

@@ -200,14 +200,11 @@ class ModelRunner:
         """Host half of post_decode: read ``launch_buf`` into ``result.host``."""
         raise NotImplementedError(f"{type(self).__name__} does not support async decode")
 
-    # a family that implements post_prefill_launch sets this: the loop then launches a prefill behind the
-    # decode step beside it, else runs both synchronously
-    launches_prefill = False
-
     def post_prefill_launch(self, result: BatchResult, fb: ForwardBatch, requests):
-        """A launched prefill's post_prefill, device half (after the draw): publish frame 0 and start
-        its copy to the host (stage_payload(..., "prefill")); return what resolve reads."""
-        raise NotImplementedError(f"{type(self).__name__} does not launch prefills")
+        """A launched prefill's post_prefill, device half (after the draw): start the copy of frame 0's
+        payload (``result.payload_gpu``; a family whose publish makes it sets it first) to the host;
+        return what resolve reads."""
+        return self.stage_payload(result, fb, "prefill")
 
     def post_prefill_resolve(self, launch_buf, result: BatchResult, fb: ForwardBatch, requests) -> None:
         """Host half: ``launch_buf`` into ``result.host``."""

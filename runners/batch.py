@@ -7,6 +7,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from .device import upload
+
 
 @dataclass
 class ForwardBatch:
@@ -47,7 +49,7 @@ class ForwardBatch:
         """A prefill's rows (indices, in this order) as a batch of their own, cut to their longest prompt
         (copies of the device tensors)."""
         t = max(self.lengths_cpu[i] for i in rows)
-        idx = torch.tensor(rows).to(self.slots_gpu.device, non_blocking=True)  # staged at once: no wait
+        idx = upload(rows, self.slots_gpu.device)
         pick = lambda xs: [xs[i] for i in rows] if xs else []  # noqa: E731
         return ForwardBatch(
             is_prefill=self.is_prefill, rids=pick(self.rids), slots_gpu=self.slots_gpu[idx],

@@ -33,11 +33,15 @@ def new_event(device: torch.device):
     return torch.cuda.Event() if device.type == "cuda" else CpuEvent()
 
 
-def upload(host, device: torch.device) -> torch.Tensor:
-    """A host tensor or array (a temporary) onto the device without waiting: a small pageable source is
-    staged at once; a blocking copy would wait for everything queued, such as the decode step launched
-    beside a prefill."""
-    return torch.as_tensor(host).to(device, non_blocking=True)
+def upload(host, device: torch.device, dtype: torch.dtype | None = None, pin: bool = False) -> torch.Tensor:
+    """Host data (a list, array or tensor; a temporary) onto the device without waiting for it: a small
+    pageable source is staged at once, where a blocking copy would wait for everything queued (the decode
+    step launched beside a prefill). pin: through pinned memory, for a large source, whose pageable copy
+    waits for the stream to drain; the caching host allocator keeps the block until the copy is done."""
+    host = torch.as_tensor(host, dtype=dtype)
+    if pin and device.type == "cuda":
+        host = host.pin_memory()
+    return host.to(device, non_blocking=True)
 
 
 def host_buffer(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:

@@ -61,7 +61,7 @@ from .attention import AttentionContext, KVCache
 from .batch import ForwardBatch
 from .kv_blocks import BlockPool, cascade_plan
 from .cuda_graphs import DecodeGraphs, PrefillGraphs
-from .device import use_engine_blas
+from .device import upload, use_engine_blas
 
 __all__ = ["DETERMINISTIC_SHAPES", "Engine", "FixedShapes", "ForwardBatch"]
 
@@ -121,13 +121,8 @@ class Engine:
         return self.fixed_shapes is not None
 
     def _tensor(self, data, dtype=torch.int64, pin: bool = False) -> torch.Tensor:
-        """Host data -> device. pin: through pinned memory (a prefill's inputs): a large pageable copy waits
-        for the stream to drain, which stalls a prefill queued behind a decode step (BENCHMARKS.md,
-        reference voices); the caching host allocator keeps the block until the copy is done."""
-        host = torch.as_tensor(data, dtype=dtype)
-        if pin and self.device.type == "cuda":
-            host = host.pin_memory()
-        return host.to(self.device, non_blocking=True)
+        """Host data -> device, int64 unless told (runners/device.py: upload; pin: a prefill's inputs)."""
+        return upload(data, self.device, dtype, pin)
 
     def build_forward_batch(self, scheduler_output) -> ForwardBatch | None:
         reqs = scheduler_output.requests

@@ -4,8 +4,8 @@ The same computation as transformers' HubertModel in eval mode, for the layout H
 and the released codec use (feat_extract_norm "group", post-norm encoder layers, GELU,
 no positional batch norm), under transformers' parameter names so a checkpoint's
 ``semantic_model.*`` tensors load as they are. Written here so that a voice's first encode
-does not import transformers (its import, not HuBERT's weights, was most of the encoder's
-load: BENCHMARKS.md, reference voices). Other layouts are a clear error.
+does not import transformers, whose import, not HuBERT's weights, was most of the encoder's
+load. Other layouts are a clear error.
 
   audio [B, samples] (16 kHz)
     feature extractor: conv (GroupNorm on the first) + GELU, 7 times   -> [B, C, T]

@@ -36,6 +36,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from ..attention import AttentionContext
+from ..device import upload
 from ..fusion import fuse_linears
 from ..norms import RMSNorm
 from .config import HiggsConfig
@@ -61,9 +62,8 @@ class TokenSplit:
         self.all_audio = bool(flat_cpu.all())
         if not self.all_audio and bool(flat_cpu.any()):
             dev = device or audio_mask.device
-            pin = (lambda t: t.pin_memory()) if dev.type == "cuda" else (lambda t: t)  # noqa: E731
-            self.text_gpu = pin((~flat_cpu).nonzero()[:, 0]).to(dev, non_blocking=True)
-            self.audio_gpu = pin(flat_cpu.nonzero()[:, 0]).to(dev, non_blocking=True)
+            self.text_gpu = upload((~flat_cpu).nonzero()[:, 0], dev, pin=True)
+            self.audio_gpu = upload(flat_cpu.nonzero()[:, 0], dev, pin=True)
 
     def route(self, text_fn, audio_fn, *inputs):
         """inputs [N, ...] (None passes through) -> the outputs of text_fn / audio_fn per token,
@@ -315,20 +315,25 @@ class HiggsAudioV2LM(nn.Module):
         a graph on the fused path with every token on the text path, passed as a fixed routing
         (a graph cannot route tokens by their values); None where any token is audio (an audio
         or delay token id, or an audio-code position, keyed below zero)."""
-        audio = self._audio_ids()
-        if not self.fused or any(i < 0 or i in audio for p in prompts for i in p):
+        if not self.fused or any(self._on_audio_path(p).any() for p in prompts):
             return None
         return {"split": _TEXT_ONLY}
+
+    def _on_audio_path(self, content: list[int]) -> np.ndarray:
+        """Which of these content positions take the audio path: an audio or delay id, or an audio-code
+        position (keyed below zero); what ``input_ids`` gives on the device. [n] bool."""
+        a, d = self._audio_ids()
+        row = np.asarray(content, dtype=np.int64)
+        return (row < 0) | (row == a) | (row == d)
 
     def prefill_inputs(self, prompts: list[list[int]], start: int, t: int, device: torch.device) -> dict:
         """The engine's eager-prefill contract: for positions start..start+t-1 of these prompts (host
         content, right padded), the routing of each token (audio or delay id, or an audio-code position,
         keyed below zero: what ``input_ids`` gives on the device), so the forward never syncs."""
-        a, d = self._audio_ids()
         mask = np.zeros((len(prompts), t), dtype=bool)
         for i, p in enumerate(prompts):
-            row = np.asarray(p[start: start + t], dtype=np.int64)
-            mask[i, : len(row)] = (row < 0) | (row == a) | (row == d)
+            row = p[start: start + t]
+            mask[i, : len(row)] = self._on_audio_path(row)
         return {"split": TokenSplit(torch.from_numpy(mask), device=device)}
 
     def forward(self, ctx: AttentionContext, input_ids: torch.Tensor | None = None,

@@ -119,11 +119,9 @@ class HiggsRunner(ModelRunner):
     def post_prefill(self, result: BatchResult, fb: ForwardBatch, requests) -> None:
         result.host = self.publish(result, fb).cpu().numpy()
 
-    launches_prefill = True
-
     def post_prefill_launch(self, result: BatchResult, fb: ForwardBatch, requests) -> torch.Tensor:
         result.payload_gpu = self.publish(result, fb)
-        return self.stage_payload(result, fb, "prefill")
+        return super().post_prefill_launch(result, fb, requests)
 
     def post_decode(self, result: BatchResult, fb: ForwardBatch, requests) -> None:
         result.host = result.payload_gpu.cpu().numpy()  # published by the decode step

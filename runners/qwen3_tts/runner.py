@@ -209,11 +209,6 @@ class Qwen3Runner(ModelRunner):
     def post_prefill(self, result: BatchResult, fb: ForwardBatch, requests) -> None:
         result.host = result.payload_gpu.cpu().numpy()
 
-    launches_prefill = True
-
-    def post_prefill_launch(self, result: BatchResult, fb: ForwardBatch, requests) -> torch.Tensor:
-        return self.stage_payload(result, fb, "prefill")  # frame 0's payload, from _sample
-
     def post_decode(self, result: BatchResult, fb: ForwardBatch, requests) -> None:
         result.host = result.payload_gpu.cpu().numpy()
 

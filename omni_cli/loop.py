@@ -7,8 +7,10 @@ decode step is pending. A prefill that carries the running rows' decode step
 (the scheduler's ``beside``) launches that step, then the prefill behind it,
 then resolves step N: both stay pending, and the next decode step (the new
 rows with it) is launched before they are resolved, so the device never waits
-on the host around a refill. A prefill alone, or a decode batch the runner
-declares ineligible, runs synchronously after the pending steps are resolved
+on the host around a refill. A prefill alone (a first wave admitted over
+several prefills) is launched the same way, so the host builds the next
+prefill while the device computes this one. A decode batch the runner
+declares ineligible runs synchronously after the pending steps are resolved
 (a drain); so does the end of the input and the moment no decode step can be
 built. Without async decode a prefill's decode step runs first, then the
 prefill, so both modes batch rows alike.
@@ -68,10 +70,12 @@ def run_loop(scheduler: Scheduler, runner, on_finished: Callable[[list[Request]]
             handle(p.scheduler_output.requests, runner.execute_resolve(p))
 
     def launch(decode, prefill=None) -> None:
-        """Launch a decode step (and a prefill behind it), each pending the moment it is on the device, so an
-        interrupt or error between the two still resolves what ran; then resolve the steps before them."""
+        """Launch a decode step and a prefill behind it (either may be None), each pending the moment it is on
+        the device, so an interrupt or error between the two still resolves what ran; then resolve the steps
+        before them."""
         older = len(pending)
-        hold(runner.execute_launch(decode))
+        if decode is not None:
+            hold(runner.execute_launch(decode))
         if prefill is not None:
             hold(runner.execute_prefill_launch(prefill))
         resolve(older)
@@ -110,6 +114,8 @@ def run_loop(scheduler: Scheduler, runner, on_finished: Callable[[list[Request]]
                     handle(so.requests, runner.execute(so))
             elif lookahead:  # step N+1 first, then step N (and a prefill launched beside it)
                 launch(so)
+            elif so.is_prefill and async_decode:  # launched, then the steps before it resolved
+                launch(None, so)
             else:
                 resolve()  # drain
                 handle(so.requests, runner.execute(so))

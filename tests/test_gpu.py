@@ -69,6 +69,42 @@ def test_async_matches_sync_on_cuda_bf16(tmp_path, eos_ckpt):
     assert_written_audio_follows_its_codes(stage, s, longest_row(read_manifest(s)))
 
 
+def test_prefills_launched_behind_decode_steps_never_wait_for_them(tmp_path, eos_ckpt):
+    """Every prefill of an async run (the first wave alone, each refill behind its decode step) is launched
+    under torch's sync debug mode set to raise: nothing in it waits for the device (a Python scalar set
+    through a device index did: a blocking copy, so the refill waited for the decode step beside it)."""
+    from dataclasses import replace
+
+    from omni_cli.config import load_config
+    from omni_cli.loop import run_loop
+    from omni_cli.runners.sampling.params import SamplingParams
+    from omni_cli.scheduler import Request, Scheduler
+    from tests.conftest import load_family
+
+    config = replace(load_config(write_config(tmp_path / "r.yaml", eos_ckpt, max_seq_len=256)), max_batch_size=3,
+                     deterministic=False)
+    family = load_family(config, torch.bfloat16, torch.device("cuda"))
+    runner, prompts = family.runner, family.prompts.builder
+    launch, launched = runner.execute_prefill_launch, []
+
+    def guarded(so):
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            return launch(so)
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+            launched.append(so.beside is not None)
+
+    for guard in (False, True):  # the first run captures what a first use captures (graphs sync)
+        sched = Scheduler.for_runner(runner, 256)
+        for i, t in enumerate(TEXTS):
+            sched.add(Request(rid=f"r{i}", prompt=prompts.build(t, config.system_prompt, None),
+                              params=SamplingParams(temperature=1.0, max_new_frames=8 + 3 * i), seed=i))
+        runner.execute_prefill_launch = guarded if guard else launch
+        run_loop(sched, runner, lambda rs: None, lambda rows, st: None, async_decode=True)
+    assert launched[0] is False and sum(launched) >= 4  # the first wave alone, then refills beside decode
+
+
 def test_role_streams_are_distinct_cuda_streams_after_the_pool_wraps():
     """torch hands out a pool of streams per priority in turn: after 40 draws by others it has
     given some stream twice, yet the capture, codec, load and loop roles are four different

@@ -1,9 +1,9 @@
 """Prefill beside decode: a refill carries the running rows' decode step, which the loop launches
 first and the prefill behind it (omni_cli/scheduler.py ``beside``, omni_cli/loop.py), on the CPU.
 
-The oracle for the rows' bytes is the drain path (no ``beside``: every prefill waits for the
-pending step and runs alone), which tests/test_async.py and tests/test_seeded.py hold to the
-synchronous one-row run; under --deterministic a row's bits do not depend on which steps it shared.
+The oracle for the rows' bytes is the synchronous drain path (no ``beside``: every prefill runs
+after the running rows' steps, alone), which tests/test_seeded.py holds to the one-row run; under
+--deterministic a row's bits do not depend on which steps it shared.
 """
 
 from __future__ import annotations
@@ -85,14 +85,15 @@ def _run(runner, prompts, config, beside: bool, async_decode: bool):
 
 def test_refills_beside_decode_keep_every_rows_bytes(tmp_path, eos_ckpt):
     runner, prompts, config = _tiny_runner(eos_ckpt, tmp_path, max_batch_size=3, deterministic=True)
-    want, drained, _, _ = _run(runner, prompts, config, beside=False, async_decode=True)
+    # the oracle: synchronous steps, each refill after the running rows' pending steps (a drain)
+    want, drained, _, _ = _run(runner, prompts, config, beside=False, async_decode=False)
     assert drained.beside == 0
     for async_decode in (True, False):
         got, stats, launched, executed = _run(runner, prompts, config, beside=True, async_decode=async_decode)
         assert stats.beside >= 5  # seven rows joined through three slots, most while others ran
-        if async_decode:  # every refill launched behind its decode step; only the first wave ran alone
-            assert len(launched) == stats.beside and executed.count(True) == 1
-            assert all(so.beside is not None for so in launched)
+        if async_decode:  # every prefill launched: the refills behind their decode step, the first wave alone
+            assert len(launched) == stats.beside + 1 and executed.count(True) == 0
+            assert [so.beside is not None for so in launched] == [False] + [True] * stats.beside
         else:
             assert not launched and executed.count(True) == stats.beside + 1
         assert got.keys() == want.keys()
@@ -171,9 +172,11 @@ def test_a_failed_prefill_launch_loses_none_of_the_decode_step_launched_beside_i
             for i, t in enumerate(TEXTS[:5])]
     for r in reqs:
         sched.add(r)
-    failed = []
+    failed, launch = [], runner.execute_prefill_launch
 
     def fail(so):
+        if so.beside is None:  # the first wave, launched alone
+            return launch(so)
         failed.append(so)
         raise RuntimeError("the prefill did not launch")
 

@@ -179,7 +179,7 @@ class Qwen3Runner(ModelRunner):
         if "speaker_embeds" in arrays:
             fb.model_inputs["speaker_embeds"] = upload(arrays["speaker_embeds"], self.device)
         s = fb.slots_gpu
-        self.trailing_gpu[s] = self.cfg.tts_pad_token_id
+        self.trailing_gpu.index_fill_(0, s, self.cfg.tts_pad_token_id)  # no scalar copy: Sampler.install says why
         width = min(max(len(p.trailing_ids) for p in prompts), self.max_seq_len)
         if width:
             self.trailing_gpu[s, :width] = upload(trailing_table(prompts, width), self.device)
@@ -195,7 +195,7 @@ class Qwen3Runner(ModelRunner):
         for name, (dtype, _) in SLOT_PARAMS.items():
             values = given[name] if name in given else [SUB_NEUTRAL[name]] * len(requests)
             self.sub_sampler.slot_gpu[name][slots_gpu] = upload(torch.tensor(values, dtype=dtype), self.device)
-        self.sub_sampler.suppress_gpu[slots_gpu] = False
+        self.sub_sampler.suppress_gpu.index_fill_(0, slots_gpu, False)
 
     def before_decode(self, fb: ForwardBatch, requests) -> None:
         """Step s feeds frame s-1's summed embeddings and the trailing text id of decode step s-1."""

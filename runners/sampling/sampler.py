@@ -111,7 +111,9 @@ class Sampler:
         for i, r in enumerate(requests):
             suppress[i, list(r.params.suppress_tokens)] = True
         self.suppress_gpu[slots_gpu] = upload(suppress, self.device)
-        self.history_gpu[slots_gpu] = -1
+        # NOTE: index_fill_, not `[slots_gpu] = -1`: a Python scalar set through a device index is copied to the
+        # device blocking, a stream sync that waits for the decode step launched beside this prefill
+        self.history_gpu.index_fill_(0, slots_gpu, -1)
 
     def flags(self, requests, steps_cpu: list[int], graphed: bool = False) -> SampleFlags:
         """The step's SampleFlags; ``graphed``: the penalty scans the whole history (graph shapes are fixed)."""

@@ -26,8 +26,8 @@ from .kv_blocks import BLOCK_SIZE, BlockPool
 
 def prefill_token_budget(max_seq_len: int) -> int:
     """Padded tokens one prefill forward may hold (the scheduler admits within it; the budget keeps room
-    for it). Wide enough that a batch of 256 short prompts is one prefill step: a first wave's prefill ends
-    in a host sync and rebuilds its batch while the GPU idles (BENCHMARKS.md, reference voices)."""
+    for it). Wide enough that a batch of 256 short prompts is one prefill forward: each forward's eager
+    launches cost host time that a small one's GPU work does not cover (BENCHMARKS.md, reference voices)."""
     return max(max_seq_len, PREFILL_TOKENS)
 
 

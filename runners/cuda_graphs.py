@@ -61,9 +61,13 @@ class DecodeGraphs:
         self.fixed_rows = fixed_rows  # deterministic mode's chunks (the CPU): always this many rows
         self.kernel = fused_kernels_available(device)  # attention reads lengths, not a mask
         self._entries: dict[tuple, tuple] = {}  # (rows, keys, has post, post key, cascade) -> buffers, graph, outputs
-        # steps may come with a cascade plan (runners/engine.py sets it): a bucket's first step builds both
-        # graphs, so the warm-up captures the one with a plan too, whether or not its own rows share
+        # steps may come with a cascade plan (runners/engine.py sets it): once a step has had one, a bucket's
+        # first step builds both graphs, so the warm-up (whose widest step has the run's first rows) captures
+        # the one with a plan too, whether or not that bucket's own rows share. NOTE: not before: in a run
+        # with no plan, a captured cascade twin (a side-stream fork, cascade_attention.BESIDE) made every
+        # plain step slower (BENCHMARKS.md, reference voices)
         self.cascade = False
+        self._planned = False
         self.pool = torch.cuda.graph_pool_handle() if capture else None
 
     def buckets(self, rows: int, kv_len: int) -> tuple[int, int]:
@@ -129,10 +133,11 @@ class DecodeGraphs:
         plan = fb.cascade_cpu if self.kernel else None
         # eager runs take this call's `post`; a graph keeps the one it was captured with
         key = (rows, k, post is not None, post_key if self.capture else None, plan is not None)
+        self._planned = self._planned or plan is not None
         if key not in self._entries:
             self._entries[key] = self._build(rows, k, deterministic, fb.model_inputs, post, plan is not None)
             other = (*key[:-1], plan is None)
-            if self.cascade and self.kernel and rows > 1 and other not in self._entries:
+            if self._planned and self.cascade and self.kernel and rows > 1 and other not in self._entries:
                 self._entries[other] = self._build(rows, k, deterministic, fb.model_inputs, post, plan is None)
         st, inputs, runner, out = self._entries[key]
         if plan is not None and st.get("plan") is not plan:  # a new plan only when the rows changed

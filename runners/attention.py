@@ -93,7 +93,7 @@ class KVCache:
             rows[i, : len(blocks)] = blocks
         dev = self.table_gpu.device
         self.table_host[slots] = rows
-        self.table_gpu[upload(torch.tensor(slots), dev)] = upload(rows, dev)
+        self.table_gpu[upload(slots, dev)] = upload(rows, dev)
         self.assigned += 1
 
     def write(self, layer: int, slots_gpu: torch.Tensor, positions_gpu: torch.Tensor, k: torch.Tensor,

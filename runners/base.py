@@ -33,8 +33,8 @@ launch(N+1)'s copy fills the other (one stream orders device work, but not a
 CPU read against a later device write). Requests that finished while a step
 was in flight get nothing from it: their rows are dropped.
 
-A prefill beside a decode step (omni_cli/scheduler.py: ``beside``):
-``execute_prefill_launch`` enqueues it behind the launched decode step
+A launched prefill (a refill behind the decode step beside it, omni_cli/scheduler.py:
+``beside``, or a first wave's alone): ``execute_prefill_launch`` enqueues it
 (forward, the draw of frame 0, ``post_prefill_launch``'s publish and copy
 into a staging pair of its own) and returns a _PendingStep that
 ``execute_resolve`` consumes like a decode step's. Its rows' slots are not
@@ -94,7 +94,7 @@ class StepCollect:
 
 @dataclass
 class _PendingStep:
-    """A decode step (or a prefill beside one) launched on the device and not yet consumed on the host."""
+    """A decode step or a prefill launched on the device and not yet consumed on the host."""
 
     event: object  # recorded right after post_decode_launch published the step
     launch_buf: object  # what post_decode_launch returned: host staging or a device snapshot
@@ -121,7 +121,7 @@ class ModelRunner:
                                invariant=engine.deterministic)
         # async decode: two host staging buffers in ping-pong, and the counters
         # ping-pong pairs: "decode" (resolve(N) reads one while launch(N+1) fills the other) and
-        # "prefill" (a prefill beside a decode step; two may be in flight, as for decode steps)
+        # "prefill" (a launched prefill; two may be in flight, as for decode steps)
         self._host_staging: dict[str, list[torch.Tensor]] = {}
         self._staging_slot = {"decode": 0, "prefill": 0}
         self.async_query_hit = 0
@@ -290,7 +290,7 @@ class ModelRunner:
         return self._pending(self.post_decode_launch(result, fb, requests), scheduler_output, fb, result)
 
     def execute_prefill_launch(self, scheduler_output) -> _PendingStep | None:
-        """Enqueue a prefill (behind the decode step launched beside it) and return its pending
+        """Enqueue a prefill (behind the decode step launched beside it, if any) and return its pending
         record, which execute_resolve consumes; does not wait for the device."""
         fb = self.engine.build_forward_batch(scheduler_output)
         if fb is None:

@@ -34,6 +34,7 @@ import torch
 import triton
 import triton.language as tl
 
+from .device import role_stream
 from .fused_ops import kv_offset
 from .kv_blocks import TILE_ROWS, CascadePlan
 from .online_softmax import _scores, _values
@@ -121,16 +122,11 @@ def _merge_kernel(out_ptr, shared_ptr, m_a, l_a, acc_a, m_b, l_b, acc_b, stride_
 # The parts joined beside (a side stream and a merge) or after (the per-row kernel continues): see the
 # docstring; beside is the faster (benchmarks/cascade_attention.py, BENCHMARKS.md: reference voices)
 BESIDE = True
-_SIDE: dict[torch.device, torch.cuda.Stream] = {}
 
 
 def _side_stream(device: torch.device):
     """The first kernel's stream on a CUDA device (high priority: its few programs are placed first); None elsewhere."""
-    if device.type != "cuda":
-        return None
-    if device not in _SIDE:
-        _SIDE[device] = torch.cuda.Stream(device, priority=-1)
-    return _SIDE[device]
+    return role_stream(device, "cascade", priority=-1) if device.type == "cuda" else None
 
 
 def cascade_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, table: torch.Tensor,

@@ -125,7 +125,8 @@ ROLE_DRAWS = 64  # two turns of torch's pool of a priority
 def role_stream(device: torch.device, role: str, priority: int = 0) -> torch.cuda.Stream:
     """The process's one CUDA stream for ``role`` on ``device``, made on first use and kept:
     "capture" (every graph's warm-up and capture), "codec" (the codec's calls: one thread
-    decodes at a time), "loop" (the decode loop's, at ``priority``), "load" (weight copies).
+    decodes at a time), "loop" (the decode loop's, at ``priority``), "load" (weight copies),
+    "cascade" (cascade attention's first kernel, a branch of the decode graph).
 
     NOTE: torch.cuda.Stream() hands out a pool of 32 streams per priority in turn, so the
     33rd asks for one already given: a codec call then ran on the stream a decode graph was

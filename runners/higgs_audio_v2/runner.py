@@ -65,9 +65,9 @@ class HiggsRunner(ModelRunner):
     def before_prefill(self, fb: ForwardBatch, requests) -> None:
         init = [self._initial_delays(r.prompt_ids) for r in requests]
         s = fb.slots_gpu
-        self.bos_delay_gpu[s] = upload(torch.tensor([i[0] for i in init]), self.device)
-        self.eos_delay_gpu[s] = upload(torch.tensor([i[1] for i in init]), self.device)
-        self.delay_started_gpu[s] = upload(torch.tensor([i[2] for i in init]), self.device)
+        self.bos_delay_gpu[s] = upload([i[0] for i in init], self.device)
+        self.eos_delay_gpu[s] = upload([i[1] for i in init], self.device)
+        self.delay_started_gpu[s] = upload([i[2] for i in init], self.device)
 
     def before_decode(self, fb: ForwardBatch, requests) -> None:
         fb.model_inputs["audio_codes"] = self.last_codes_gpu[fb.slots_gpu][:, None, :]  # [B, 1, C]

@@ -194,7 +194,7 @@ class Qwen3Runner(ModelRunner):
                  "seed": [r.seed for r in requests]}
         for name, (dtype, _) in SLOT_PARAMS.items():
             values = given[name] if name in given else [SUB_NEUTRAL[name]] * len(requests)
-            self.sub_sampler.slot_gpu[name][slots_gpu] = upload(torch.tensor(values, dtype=dtype), self.device)
+            self.sub_sampler.slot_gpu[name][slots_gpu] = upload(values, self.device, dtype)
         self.sub_sampler.suppress_gpu.index_fill_(0, slots_gpu, False)
 
     def before_decode(self, fb: ForwardBatch, requests) -> None:

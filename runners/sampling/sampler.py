@@ -106,7 +106,7 @@ class Sampler:
         """Write each new request's parameters into its slot's tables and clear its history
         (at prefill: one host->device copy per table)."""
         for name, (dtype, get) in SLOT_PARAMS.items():
-            self.slot_gpu[name][slots_gpu] = upload(torch.tensor([get(r) for r in requests], dtype=dtype), self.device)
+            self.slot_gpu[name][slots_gpu] = upload([get(r) for r in requests], self.device, dtype)
         suppress = torch.zeros(len(requests), self.vocab_size, dtype=torch.bool)
         for i, r in enumerate(requests):
             suppress[i, list(r.params.suppress_tokens)] = True

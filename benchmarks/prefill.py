@@ -11,13 +11,15 @@ every position, as its prefill computes). Reported per batch: the first
 call's ms (a fresh process's first use of each shape) and the median of
 --repeat later calls, each synchronised, against the compute floor
 (2 x a token's matmul parameters x tokens at 801 TFLOP/s, the measured bf16
-ceiling). With --shared-prefix N every prompt opens with the same N tokens,
-which the engine then runs once (runners/engine.py); the row adds the fused
-path with that sharing switched off ("unshared").
+ceiling). With --cached-prefix P every prompt's first P positions are in its
+slot before the timed forwards (a refill after a cached system prompt:
+runners/engine.py), which run the prompt-len tokens after them (eagerly: prefill
+graphs start at position 0); transformers and the plain modules then run the
+whole prompts. --graph-tokens sets the largest graph (runners/cuda_graphs.py).
 Prints a table and writes JSON.
 
   python benchmarks/prefill.py --batch 1 8 64 256 --out prefill.json
-  python benchmarks/prefill.py --batch 64 256 --shared-prefix 30 --out prefill_shared.json
+  python benchmarks/prefill.py --batch 8 16 32 64 --cached-prefix 64 --out prefill_cached.json
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from omni_cli.bench import H200_FLOPS, random_model  # noqa: E402
-from omni_cli.runners import engine as engine_mod  # noqa: E402
+from omni_cli.runners import cuda_graphs  # noqa: E402
 from omni_cli.runners.attention import KVCache  # noqa: E402
 from omni_cli.runners.engine import Engine, ForwardBatch  # noqa: E402
 from omni_cli.runners.higgs_audio_v2.shapes import param_counts  # noqa: E402
@@ -58,9 +60,11 @@ def main() -> None:
     ap.add_argument("--batch", type=int, nargs="+", default=[1, 8, 64, 256])
     ap.add_argument("--prompt-len", type=int, default=64)
     ap.add_argument("--repeat", type=int, default=5)
-    ap.add_argument("--shared-prefix", type=int, default=0, help="tokens every prompt opens with")
+    ap.add_argument("--cached-prefix", type=int, default=0, help="positions of every prompt already cached")
+    ap.add_argument("--graph-tokens", type=int, default=cuda_graphs.PREFILL_GRAPH_TOKENS)
     ap.add_argument("--out", type=Path, default=Path("prefill.json"))
     args = ap.parse_args()
+    cuda_graphs.PREFILL_GRAPH_TOKENS = args.graph_tokens
     dev = torch.device("cuda")
     ref, model = random_model("higgs-audio-v2-3b", torch.bfloat16, dev, 512)
     cfg = model.cfg
@@ -73,18 +77,25 @@ def main() -> None:
     rng = np.random.default_rng(0)
     rows = []
     for b in args.batch:
-        t = args.prompt_len
-        ids = torch.from_numpy(rng.integers(0, cfg.audio_bos_token_id - 16, (b, t))).to(dev)
-        ids[:, : args.shared_prefix] = ids[0, : args.shared_prefix]
-        fb = ForwardBatch(is_prefill=True, rids=[f"r{i}" for i in range(b)], slots_gpu=torch.arange(b, device=dev),
-                          lengths_cpu=[t] * b, steps_cpu=[0] * b, steps_gpu=torch.zeros(b, dtype=torch.int64, device=dev),
-                          positions_gpu=torch.arange(t, device=dev).expand(b, t), model_inputs={"input_ids": ids},
-                          prompts_cpu=ids.tolist())  # the host ids let a small prefill replay a graph
+        t, p = args.prompt_len, args.cached_prefix
+        ids = torch.from_numpy(rng.integers(0, cfg.audio_bos_token_id - 16, (b, p + t))).to(dev)
+        ids[:, :p] = ids[0, :p]
+
+        def batch(cached: bool) -> ForwardBatch:  # the host ids let a small prefill replay a graph
+            return ForwardBatch(is_prefill=True, rids=[f"r{i}" for i in range(b)], slots_gpu=torch.arange(b, device=dev),
+                                lengths_cpu=[p + t] * b, steps_cpu=[0] * b,
+                                steps_gpu=torch.zeros(b, dtype=torch.int64, device=dev),
+                                positions_gpu=torch.arange(p + t, device=dev).expand(b, p + t),
+                                model_inputs={"input_ids": ids}, prompts_cpu=ids.tolist(),
+                                cached_cpu=[p] * b if cached else [])
+
+        fb, whole = batch(True), batch(False)
+        engine.forward(whole)  # the prefix's keys into every slot (both engines share the cache)
 
         def plain():
             model.fused = False  # prefill through the plain modules (decode is not run here)
             try:
-                engine.forward(fb)
+                engine.forward(whole)
             finally:
                 model.fused = True
 
@@ -92,32 +103,23 @@ def main() -> None:
             with torch.inference_mode():
                 ref(input_ids=ids, attention_mask=torch.ones_like(ids))
 
-        def unshared():
-            engine_mod.PREFIX_MIN_SAVED_TOKENS, saved = 1 << 62, engine_mod.PREFIX_MIN_SAVED_TOKENS
-            try:
-                engine.forward(fb)
-            finally:
-                engine_mod.PREFIX_MIN_SAVED_TOKENS = saved
-
         floor = 1e3 * 2 * matmul_params * b * t / H200_FLOPS
-        row = {"batch": b, "prompt_len": t, "shared_prefix": args.shared_prefix, "floor_ms": round(floor, 2)}
+        row = {"batch": b, "prompt_len": t, "cached_prefix": p, "floor_ms": round(floor, 2)}
         paths = [("fused", lambda: engine.forward(fb)), ("graphed", lambda: graphed.forward(fb))]
-        paths += [("unshared", unshared)] if args.shared_prefix else []
+        built = set(graphed.prefill_graphs._entries)
         for name, fn in paths + [("plain", plain), ("transformers", peer)]:
             first, steady = _timed(fn, args.repeat)
             row[f"{name}_first_ms"], row[f"{name}_ms"] = round(first, 2), round(steady, 2)
-        # its own bucket's graph (a shared prefix's one-row graph is not the batch's)
-        row["graph_replayed"] = any(r == 1 << (b - 1).bit_length() for r, _ in graphed.prefill_graphs._entries)
+        row["graph_replayed"] = bool(set(graphed.prefill_graphs._entries) - built)  # this batch's bucket
         rows.append(row)
         print(json.dumps(row), flush=True)
-    print(f"{'batch':>5} {'tokens':>7} {'fused ms':>9} {'(first)':>8} {'graphed ms':>11} {'(first)':>8} "
-          f"{'unshared ms':>12} {'plain ms':>9} {'(first)':>8} {'transformers ms':>16} {'floor ms':>9} {'fused of floor':>15}")
+    print(f"{'batch':>5} {'cached':>6} {'tokens':>7} {'fused ms':>9} {'(first)':>8} {'graphed ms':>11} {'(first)':>8} "
+          f"{'plain ms':>9} {'(first)':>8} {'transformers ms':>16} {'floor ms':>9} {'fused of floor':>15}")
     for r in rows:
         graph = f"{r['graphed_ms']:>11.2f} {r['graphed_first_ms']:>8.1f}" if r["graph_replayed"] else f"{'eager':>11} {'':>8}"
-        print(f"{r['batch']:>5} {r['batch'] * r['prompt_len']:>7} {r['fused_ms']:>9.2f} {r['fused_first_ms']:>8.1f} {graph} "
-              f"{r.get('unshared_ms', float('nan')):>12.2f} "
-              f"{r['plain_ms']:>9.2f} {r['plain_first_ms']:>8.1f} {r['transformers_ms']:>16.2f} {r['floor_ms']:>9.2f} "
-              f"{r['floor_ms'] / r['fused_ms']:>15.2f}")
+        print(f"{r['batch']:>5} {r['cached_prefix']:>6} {r['batch'] * r['prompt_len']:>7} {r['fused_ms']:>9.2f} "
+              f"{r['fused_first_ms']:>8.1f} {graph} {r['plain_ms']:>9.2f} {r['plain_first_ms']:>8.1f} "
+              f"{r['transformers_ms']:>16.2f} {r['floor_ms']:>9.2f} {r['floor_ms'] / r['fused_ms']:>15.2f}")
     write_results(args.out, rows=rows)
 
 

@@ -64,6 +64,8 @@ def main() -> None:
     ap.add_argument("--beams", type=int, nargs="+", default=[1, 5])
     ap.add_argument("--mos", nargs="+", default=["torch"], choices=["torch", "onnxruntime"],
                     help="DNSMOS runtimes: our torch executor on the device, onnxruntime on the CPU")
+    ap.add_argument("--mos-window-batch", type=int, nargs="+", default=[16],
+                    help="DNSMOS windows a model call takes on the device (DnsmosScorer.window_batch)")
     ap.add_argument("--root", type=Path, help="where the Whisper checkpoint is (re)used; default a temporary folder")
     ap.add_argument("--out", type=Path, default=Path("scorer_costs.json"))
     args = ap.parse_args()
@@ -106,11 +108,12 @@ def main() -> None:
             asr.close()
         # onnxruntime on the CPU (the device has no onnxruntime-gpu), our torch executor on the device
         for runtime, where in [(r, device if r == "torch" else "cpu") for r in args.mos]:
-            mos = DnsmosScorer(device=where, runtime=runtime)
-            record(f"mos {runtime} {where}", timed(lambda: [mos.score(rows[s:s + args.batch])
-                                                    for s in range(0, args.rows, args.batch)]),
-                   runtime=mos.runtime, device=where)
-            mos.close()
+            for windows in args.mos_window_batch if where != "cpu" else [16]:
+                mos = DnsmosScorer(device=where, runtime=runtime, window_batch=windows)
+                record(f"mos {runtime} {where} w{windows}", timed(lambda: [mos.score(rows[s:s + args.batch])
+                                                                   for s in range(0, args.rows, args.batch)]),
+                       runtime=mos.runtime, device=where, window_batch=windows)
+                mos.close()
         degenerate = DegenerateScorer()
         record("degenerate", timed(lambda: [degenerate.score(rows[s:s + args.batch])
                                             for s in range(0, args.rows, args.batch)]))

@@ -218,12 +218,14 @@ class DnsmosScorer(Scorer):
 
     def window_scores(self, windows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """[n, WINDOW] -> (P.835 [n, 3] float64: sig, bak, ovrl, calibrated; P.808 [n] float32)."""
-        raw = self._run(self.primary, windows)  # [n, 3] float32
-        p835 = np.stack([_poly(POLY_SIG, raw[:, 0]), _poly(POLY_BAK, raw[:, 1]), _poly(POLY_OVR, raw[:, 2])], axis=1)
-        if self.runtime == "torch":  # on the executor's device
+        if self.runtime == "torch":  # on the executor's device, uploaded once
             import torch
 
-            mels = p808_features_torch(torch.from_numpy(windows[:, :-160]).to(self.p808.device))  # [n, 900, 120]
+            windows = torch.from_numpy(windows).to(self.p808.device)
+        raw = self._run(self.primary, windows)  # [n, 3] float32
+        p835 = np.stack([_poly(POLY_SIG, raw[:, 0]), _poly(POLY_BAK, raw[:, 1]), _poly(POLY_OVR, raw[:, 2])], axis=1)
+        if self.runtime == "torch":
+            mels = p808_features_torch(windows[:, :-160])  # [n, 900, 120]
         else:
             mels = np.stack([p808_features(w[:-160]) for w in windows])  # [n, 900, 120]
         return p835, self._run(self.p808, mels)[:, 0]

@@ -218,16 +218,16 @@ class DnsmosScorer(Scorer):
 
     def window_scores(self, windows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """[n, WINDOW] -> (P.835 [n, 3] float64: sig, bak, ovrl, calibrated; P.808 [n] float32)."""
-        if self.runtime == "torch":  # on the executor's device, uploaded once
+        if self.runtime == "torch":  # both models and the log-mel read one copy on the executor's device
             import torch
 
-            windows = torch.from_numpy(windows).to(self.p808.device)
-        raw = self._run(self.primary, windows)  # [n, 3] float32
-        p835 = np.stack([_poly(POLY_SIG, raw[:, 0]), _poly(POLY_BAK, raw[:, 1]), _poly(POLY_OVR, raw[:, 2])], axis=1)
-        if self.runtime == "torch":
-            mels = p808_features_torch(windows[:, :-160])  # [n, 900, 120]
+            windows_dev = torch.from_numpy(windows).to(self.p808.device)
+            raw = self._run(self.primary, windows_dev)  # [n, 3] float32
+            mels = p808_features_torch(windows_dev[:, :-160])  # [n, 900, 120]
         else:
+            raw = self._run(self.primary, windows)
             mels = np.stack([p808_features(w[:-160]) for w in windows])  # [n, 900, 120]
+        p835 = np.stack([_poly(POLY_SIG, raw[:, 0]), _poly(POLY_BAK, raw[:, 1]), _poly(POLY_OVR, raw[:, 2])], axis=1)
         return p835, self._run(self.p808, mels)[:, 0]
 
     def row_windows(self, batch: Sequence[ScoreInput]) -> list[tuple[np.ndarray, np.ndarray] | None]:

@@ -20,7 +20,8 @@ writers' tail after the last step, and the codec thread's calls: their
 number, total and longest seconds.
 With --voices V, each row also clones one of V reference voices of --voice-seconds
 seconds (random clips written as wav files, a voice bank, rows spread round-robin
-over the voices); --compare runs every BATCH:ROWS both with and without them.
+over the voices); --compare runs every BATCH:ROWS both with and without them. --trace-steps adds
+each launched step's device time and the idle gaps between steps (runners/step_trace.py).
 Prints a table and writes JSON.
 
   python benchmarks/e2e_generate.py --runs 1:4 64:64 256:256 --out e2e.json
@@ -169,7 +170,7 @@ def write_inputs(root: Path, rows: int, frames: int, vary: int = 0, prompt_token
 def run(root: Path, rows: int, batch: int, frames: int, async_decode: bool, vary: int = 0,
         prompt_tokens: int = 0, voices: int = 0, max_seq_len: int = 512, warm_cache: bool = False,
         devices: str | None = None, family: str = "higgs_audio_v2", score: str | None = None,
-        score_batch: int = 64, asr_beams: int | None = None) -> dict:
+        score_batch: int = 64, asr_beams: int | None = None, trace_steps: bool = False) -> dict:
     cfg, prompts = write_inputs(root, rows, frames, vary, prompt_tokens, voices, max_seq_len, family)
     if score:  # rows scored as they come out; nothing rejected, so every row runs once (the cost of scoring)
         cfg.write_text(cfg.read_text() + f"quality:\n  score: {score}\n  reject: none\n  batch_size: {score_batch}\n"
@@ -184,6 +185,8 @@ def run(root: Path, rows: int, batch: int, frames: int, async_decode: bool, vary
     if devices:
         cmd += ["--devices", devices]
     env = {**os.environ, "OMNI_CACHE_DIR": str(out) + "-cache"}  # a cold cache: the run encodes its voices
+    if trace_steps:  # device step times and the loop stream's idle gaps (runners/step_trace.py)
+        env["OMNI_TRACE_STEPS"] = "1"
     if voices and warm_cache:  # `omni voices encode` first (untimed): the run reads the codes from the cache
         subprocess.run([sys.executable, "-m", "omni_cli", "voices", "encode", str(root / "voices.yaml"), "--model",
                         str(cfg)], cwd=REPO, env=env, check=True)
@@ -217,6 +220,7 @@ def run(root: Path, rows: int, batch: int, frames: int, async_decode: bool, vary
             "step_ms": timings["step_ms"], "kv_budget": info.get("kv_budget"),
             "kv_cache": info.get("kv_cache"), "prefix_cache": info.get("prefix_cache"),
             "query_hits": info["async_decode"]["query_hits"], "query_misses": info["async_decode"]["query_misses"],
+            "trace": info["async_decode"].get("trace"),
             "score": score, "quality": info.get("quality")}
 
 
@@ -244,6 +248,8 @@ def main() -> None:
     ap.add_argument("--compare-score", action="store_true", help="run each BATCH:ROWS also without --score")
     ap.add_argument("--score-batch", type=int, default=64, help="rows a scorer call takes (quality.batch_size)")
     ap.add_argument("--asr-beams", type=int, help="Whisper's beams (quality.asr_beams; default: the pipeline's 5)")
+    ap.add_argument("--trace-steps", action="store_true",
+                    help="time each launched step on the device and the idle gaps between steps (OMNI_TRACE_STEPS)")
     ap.add_argument("--out", type=Path, default=Path("e2e_generate.json"))
     ap.add_argument("--root", type=Path, default=None,
                     help="keep the checkpoint (and outputs) in this folder, and reuse a checkpoint already there: "
@@ -277,7 +283,7 @@ def main() -> None:
                                            for d in args.devices]:
                 results.append(run(root, rows, batch, args.frames, True, args.vary, args.prompt_tokens, voices,
                                    args.max_seq_len, args.warm_cache, devices, args.family, score,
-                                   args.score_batch, args.asr_beams))
+                                   args.score_batch, args.asr_beams, args.trace_steps))
                 # after every run: a later one cut short leaves the earlier ones
                 write_results(args.out, family=args.family, shape=shape, runs=results)
                 r = results[-1]
@@ -287,6 +293,10 @@ def main() -> None:
                       f"step p50 {r['step_ms'].get('p50')} ms, peak rows {(r['kv_cache'] or {}).get('peak_rows')}, "
                       f"prefix cache {r['prefix_cache']}, score {score}: "
                       f"{ {k: (r['quality'] or {}).get(k) for k in QUALITY_KEYS} }", flush=True)
+                if r["trace"]:
+                    t = r["trace"]
+                    print(f"  device: decode step {t['decode_ms']} ms, gaps {t['gap_ms']} ms, idle {t['gap_s']} "
+                          f"of {t['span_s']} s ({t['idle_share']})", flush=True)
     print(f"{'devices':>8} {'batch':>5} {'rows':>5} {'voices':>6} {'first wav s':>12} {'wall s':>7} {'load s':>7} {'warm s':>7} {'audio s':>8} "
           f"{'aud-s/s gen':>12} {'aud-s/s wall':>13} {'loop s':>7} {'prefill s':>9} {'prefills':>8} {'tail s':>7} "
           f"{'codec s':>8} {'calls':>6} {'longest':>8} {'tail codec':>10} {'writers':>8} {'score':>20} {'score s':>8}")

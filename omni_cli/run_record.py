@@ -72,7 +72,9 @@ def run_record(opts, config, model, results, progress, audio, stats, interrupted
                     "step_ms": stats.percentiles() if stats else {}},
         "async_decode": {"enabled": config.async_decode, "query_hits": model.runner.async_query_hit,
                          "query_misses": model.runner.async_query_miss,
-                         "sync_routed_steps": stats.sync_routed if stats else 0},
+                         "sync_routed_steps": stats.sync_routed if stats else 0,
+                         # OMNI_TRACE_STEPS: the device's step times and the loop stream's idle gaps
+                         **({"trace": model.runner.step_trace.summary()} if model.runner.step_trace else {})},
     }
 
 

@@ -50,5 +50,7 @@ def warm_up_lm(runner, queued: list[Request], max_seq_len: int, async_decode: bo
             scheduler.add(r)
         run_loop(scheduler, runner, lambda reqs: None, lambda n, stats: None, async_decode)
     runner.async_query_hit = runner.async_query_miss = 0  # the run's counters start here
+    if runner.step_trace is not None:
+        runner.step_trace.clear()
     if runner.kv_blocks is not None:  # and its prefix cache: the warm-up's blocks change no row's output
         runner.kv_blocks.forget()

@@ -55,6 +55,7 @@ import torch
 from .device import host_buffer, new_event
 from .engine import Engine, ForwardBatch
 from .sampling.sampler import SampleFlags, Sampler
+from .step_trace import StepTrace
 
 
 @dataclass
@@ -126,6 +127,7 @@ class ModelRunner:
         self._staging_slot = {"decode": 0, "prefill": 0}
         self.async_query_hit = 0
         self.async_query_miss = 0
+        self.step_trace = StepTrace.from_env(device)  # None unless OMNI_TRACE_STEPS (runners/step_trace.py)
 
     @property
     def kv_blocks(self):
@@ -233,6 +235,8 @@ class ModelRunner:
 
     # ---- the pipeline ----------------------------------------------------
     def execute(self, scheduler_output) -> ModelRunnerOutput:
+        if self.step_trace is not None:
+            self.step_trace.gap_break()
         fb = self.engine.build_forward_batch(scheduler_output)
         if fb is None:
             return ModelRunnerOutput(outputs={}, req_ids=[], req_id_to_index={})
@@ -286,8 +290,9 @@ class ModelRunner:
         if fb.is_prefill:
             raise ValueError("the async lookahead launches decode steps only")
         requests = scheduler_output.requests
+        start = self.step_trace.start() if self.step_trace is not None else None
         result = self._decode_step(fb, requests)  # tokens stay on the device: the next launch needs them
-        return self._pending(self.post_decode_launch(result, fb, requests), scheduler_output, fb, result)
+        return self._pending(self.post_decode_launch(result, fb, requests), scheduler_output, fb, result, start)
 
     def execute_prefill_launch(self, scheduler_output) -> _PendingStep | None:
         """Enqueue a prefill (behind the decode step launched beside it, if any) and return its pending
@@ -296,13 +301,17 @@ class ModelRunner:
         if fb is None:
             return None
         requests = scheduler_output.requests
+        start = self.step_trace.start() if self.step_trace is not None else None
         result = self._prefill_forward(fb, requests)
         self._sample(result, fb, requests)  # frame 0 on the device, before the publish
-        return self._pending(self.post_prefill_launch(result, fb, requests), scheduler_output, fb, result)
+        return self._pending(self.post_prefill_launch(result, fb, requests), scheduler_output, fb, result, start)
 
-    def _pending(self, launch_buf, scheduler_output, fb: ForwardBatch, result: BatchResult) -> _PendingStep:
+    def _pending(self, launch_buf, scheduler_output, fb: ForwardBatch, result: BatchResult,
+                 trace_start=None) -> _PendingStep:
         event = new_event(self.device)
         event.record()  # after the publish: query() true means launch_buf is ready
+        if trace_start is not None:
+            self.step_trace.end(trace_start, fb.is_prefill)
         staged = any(launch_buf is buf for pair in self._host_staging.values() for buf in pair)
         return _PendingStep(event=event, launch_buf=launch_buf, host_staged=staged, scheduler_output=scheduler_output,
                             forward_batch=fb, batch_result=result, n_real=len(scheduler_output.requests))

@@ -105,6 +105,34 @@ def test_prefills_launched_behind_decode_steps_never_wait_for_them(tmp_path, eos
     assert launched[0] is False and sum(launched) >= 4  # the first wave alone, then refills beside decode
 
 
+def test_step_trace_times_the_gaps_a_late_host_leaves(tmp_path, eos_ckpt, monkeypatch):
+    """OMNI_TRACE_STEPS (runners/step_trace.py): with the scheduler made 20 ms late at every step, the loop
+    stream's gaps between launched steps are about that long; untouched, far shorter; untraced, no record."""
+    import time
+
+    from omni_cli.scheduler import Scheduler
+
+    cfg = write_config(tmp_path / "m.yaml", eos_ckpt, max_seq_len=256)
+    cfg.write_text(cfg.read_text().replace("dtype: float32", "dtype: bfloat16").replace("device: cpu", "device: cuda"))
+    rows = [{"id": f"r{i}", "text": t} for i, t in enumerate(TEXTS)]
+    plain = _gen(tmp_path, "plain", cfg, rows, "--seed", "5", "--async-decode")
+    assert "trace" not in json.loads((plain / "run.json").read_text())["async_decode"]
+    monkeypatch.setenv("OMNI_TRACE_STEPS", "1")
+    fast = json.loads((_gen(tmp_path, "fast", cfg, rows, "--seed", "5", "--async-decode") / "run.json")
+                      .read_text())["async_decode"]["trace"]
+    schedule = Scheduler.schedule
+
+    def late(self):
+        time.sleep(0.02)
+        return schedule(self)
+    monkeypatch.setattr(Scheduler, "schedule", late)
+    slow = json.loads((_gen(tmp_path, "slow", cfg, rows, "--seed", "5", "--async-decode") / "run.json")
+                      .read_text())["async_decode"]["trace"]
+    assert fast["decode_steps"] == slow["decode_steps"] > 10 and fast["gaps"] > 10
+    assert slow["gap_ms"]["p50"] > 10 > fast["gap_ms"]["p50"] >= 0
+    assert 0 <= fast["idle_share"] < slow["idle_share"] <= 1
+
+
 def test_role_streams_are_distinct_cuda_streams_after_the_pool_wraps():
     """torch hands out a pool of streams per priority in turn: after 40 draws by others it has
     given some stream twice, yet the capture, codec, load and loop roles are four different

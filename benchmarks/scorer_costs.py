@@ -66,6 +66,10 @@ def main() -> None:
                     help="DNSMOS runtimes: our torch executor on the device, onnxruntime on the CPU")
     ap.add_argument("--mos-window-batch", type=int, nargs="+", default=[16],
                     help="DNSMOS windows a model call takes on the device (DnsmosScorer.window_batch)")
+    ap.add_argument("--mos-precision", nargs="+", default=["half"], choices=["half", "float32"],
+                    help="the torch executor's convolutions on the device (DnsmosScorer half); with both, "
+                         "the largest score difference between them is reported")
+    ap.add_argument("--skip-asr", action="store_true", help="time the MOS and degenerate scorers only")
     ap.add_argument("--root", type=Path, help="where the Whisper checkpoint is (re)used; default a temporary folder")
     ap.add_argument("--out", type=Path, default=Path("scorer_costs.json"))
     args = ap.parse_args()
@@ -88,7 +92,7 @@ def main() -> None:
 
     with tempfile.TemporaryDirectory() as tmp:
         folder = write_whisper_turbo((args.root or Path(tmp)) / "whisper")
-        for beams in args.beams:
+        for beams in [] if args.skip_asr else args.beams:
             asr = WhisperASR(folder, device, batch_size=args.batch, num_beams=beams)
             clips_16k = [to_rate(a, RATE, asr.sampling_rate) for a in audio]
             if beams == args.beams[0]:
@@ -107,13 +111,26 @@ def main() -> None:
             record(f"asr b={beams}", timed(lambda: asr.transcribe(clips_16k, ["en"] * args.rows)), beams=beams)
             asr.close()
         # onnxruntime on the CPU (the device has no onnxruntime-gpu), our torch executor on the device
+        scores: dict[str, list] = {}  # precision -> every row's scores (the first window batch's)
         for runtime, where in [(r, device if r == "torch" else "cpu") for r in args.mos]:
-            for windows in args.mos_window_batch if where != "cpu" else [16]:
-                mos = DnsmosScorer(device=where, runtime=runtime, window_batch=windows)
-                record(f"mos {runtime} {where} w{windows}", timed(lambda: [mos.score(rows[s:s + args.batch])
-                                                                   for s in range(0, args.rows, args.batch)]),
-                       runtime=mos.runtime, device=where, window_batch=windows)
-                mos.close()
+            for precision in args.mos_precision if runtime == "torch" else ["float32"]:
+                for windows in args.mos_window_batch if where != "cpu" else [16]:
+                    mos = DnsmosScorer(device=where, runtime=runtime, window_batch=windows,
+                                       half=precision == "half" if runtime == "torch" else None)
+
+                    def score_all():
+                        return [r for s in range(0, args.rows, args.batch) for r in mos.score(rows[s:s + args.batch])]
+                    record(f"mos {runtime} {precision} {where} w{windows}", timed(score_all), runtime=mos.runtime,
+                           device=where, window_batch=windows, precision=precision)
+                    if f"{runtime} {precision}" not in scores:
+                        scores[f"{runtime} {precision}"] = score_all()
+                    mos.close()
+        if len(scores) > 1:  # how far each runtime / precision scores from the first
+            (first, ref), *others = scores.items()
+            for name, got in others:
+                worst = max(abs(g[n] - r[n]) for g, r in zip(got, ref) for n in DnsmosScorer.score_names)
+                results.append({"part": f"mos {name} vs {first}", "max_abs_diff": worst})
+                print(f"mos {name} vs {first}: largest score difference {worst:.2e}", flush=True)
         degenerate = DegenerateScorer()
         record("degenerate", timed(lambda: [degenerate.score(rows[s:s + args.batch])
                                             for s in range(0, args.rows, args.batch)]))

@@ -138,6 +138,17 @@ def test_torch_runtime_equals_onnxruntime(dnsmos, ours):
     assert [got[n] for n in NAMES] == pytest.approx(_theirs(dnsmos, clip), abs=1e-5)
 
 
+def test_half_convolutions_within_a_hundredth_of_onnxruntime(ours):
+    """The torch executor's float16 convolutions (its default on CUDA) score within 0.01 of onnxruntime's
+    float32, on the CPU; the same graph in float32 scores as onnxruntime (the test above)."""
+    half = DnsmosScorer(runtime="torch", half=True)
+    assert half.primary.half and half.p808.half
+    clips = [tone(9.5, 220, rate=RATE, seed=1), tone(9.5, 700, rate=RATE, seed=4)]  # one window each
+    got, ref = half.score([_row(c) for c in clips]), ours.score([_row(c) for c in clips])
+    worst = max(abs(g[n] - r[n]) for g, r in zip(got, ref) for n in NAMES)
+    assert 0 < worst < 1e-2  # not equal: the half path ran
+
+
 @pytest.mark.gpu
 def test_on_cuda_within_rounding_of_the_cpu(ours):
     """On CUDA (onnxruntime-gpu, else the torch executor) the scores are the CPU's within TF32 rounding."""

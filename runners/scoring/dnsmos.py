@@ -162,9 +162,11 @@ class DnsmosScorer(Scorer):
     }
 
     def __init__(self, models: str | Path | None = None, device: str = "cpu", window_batch: int = 16,
-                 threads: int | None = None, runtime: str = "auto"):
+                 threads: int | None = None, runtime: str = "auto", half: bool | None = None):
         """runtime: "onnxruntime", "torch" (runners/scoring/onnx_torch.py), or "auto": onnxruntime, but
-        torch on a CUDA device where onnxruntime has no CUDA provider (onnxruntime-gpu not installed)."""
+        torch on a CUDA device where onnxruntime has no CUDA provider (onnxruntime-gpu not installed).
+        half: the torch runtime's convolutions in float16 (default: on CUDA, where each window's graph
+        is also replayed from a CUDA graph); scores within 0.01 of float32 (tests/test_scoring_dnsmos.py)."""
         import onnxruntime as ort
 
         folder = Path(models) if models is not None else default_model_dir()
@@ -180,7 +182,9 @@ class DnsmosScorer(Scorer):
             from .onnx_torch import TorchGraph
 
             self.runtime = "torch"
-            self.primary, self.p808 = TorchGraph(folder / PRIMARY, device), TorchGraph(folder / P808, device)
+            half = self.fixed_groups if half is None else bool(half)
+            self.primary, self.p808 = (TorchGraph(folder / name, device, half=half, graphs=self.fixed_groups)
+                                       for name in (PRIMARY, P808))
             return
         self.runtime = "onnxruntime"
         if self.fixed_groups:

@@ -4,6 +4,12 @@
 
 Only the ops those graphs use are implemented (OPS); any other is an error naming it. `run(None,
 {"input_1": x})` mirrors onnxruntime's `InferenceSession.run`, so `DnsmosScorer` takes either.
+
+`half`: the 2-D convolutions (nearly all of DNSMOS's arithmetic) in float16, channels-last, their
+activations kept float16 up to the dense head, which runs float32 as every op before the first
+convolution (the models' own STFT and log). On CUDA, `graphs` replays each input shape's whole
+graph from a CUDA graph (captured at its first call), so a call launches one graph, not a kernel
+per node from Python: the scoring thread holds the GIL less while the decode loop wants it.
 """
 
 from __future__ import annotations
@@ -14,6 +20,8 @@ from pathlib import Path
 import numpy as np
 import torch
 import torch.nn.functional as F
+
+from ..device import CAPTURE_LOCK
 
 _DTYPES = {1: "<f4", 6: "<i4", 7: "<i8"}  # ONNX TensorProto data types: float, int32, int64
 
@@ -142,6 +150,8 @@ def _slice(x, starts, ends, axes=None, steps=None):
 
 
 def _conv(x, w, b=None, auto_pad="NOTSET", pads=None, strides=None, dilations=None, group=1, **_):
+    if w.dim() == 4 and w.dtype != x.dtype:  # a half graph's convolution: its input into the weights' layout
+        x = x.to(w.dtype, memory_format=torch.channels_last)
     if auto_pad not in ("NOTSET", "VALID"):
         raise ValueError(f"Conv auto_pad {auto_pad!r} is not run here")
     pad = 0 if auto_pad == "VALID" or pads is None else pads[: len(pads) // 2]
@@ -180,27 +190,66 @@ OPS = {
     "Relu": lambda a, x: torch.relu(x),
     "MaxPool": lambda a, x: _maxpool(x, **a),
     "ReduceMax": lambda a, x: torch.amax(x, dim=a["axes"], keepdim=bool(a.get("keepdims", 1))),
-    "MatMul": lambda a, x, y: x @ y,
+    "MatMul": lambda a, x, y: x.float() @ y,  # a half graph's head runs float32
 }
 
 
 class TorchGraph:
-    """An ONNX graph of OPS on a torch device, float32; `run` as onnxruntime's session."""
+    """An ONNX graph of OPS on a torch device, float32 (or half convolutions); `run` as onnxruntime's session."""
 
-    def __init__(self, path: str | Path, device: str = "cpu"):
+    def __init__(self, path: str | Path, device: str = "cpu", half: bool = False, graphs: bool = False):
         self.device = torch.device(device)
+        self.half = bool(half)
+        self.graphs = bool(graphs) and self.device.type == "cuda"
         self.nodes, inits, self.input, self.output = read_graph(path)
         for op, *_ in self.nodes:
             if op not in OPS:
                 raise ValueError(f"{path}: ONNX op {op} is not run by the torch executor")
+        conv_weights = {ins[1] for op, ins, *_ in self.nodes if op == "Conv" and inits[ins[1]].ndim == 4}
+        conv_biases = {ins[2] for op, ins, *_ in self.nodes if op == "Conv" and ins[1] in conv_weights and len(ins) > 2}
         # int64 initializers (shapes, slice bounds) stay on the host; weights go to the device
-        self.inits = {k: torch.from_numpy(v) if v.dtype != np.float32 else torch.from_numpy(v).to(self.device)
-                      for k, v in inits.items()}
+        self.inits = {}
+        for k, v in inits.items():
+            t = torch.from_numpy(v)
+            if v.dtype == np.float32:
+                t = t.to(self.device)
+                if self.half and k in conv_weights:
+                    t = t.to(torch.float16, memory_format=torch.channels_last)
+                elif self.half and k in conv_biases:
+                    t = t.to(torch.float16)
+            self.inits[k] = t
+        self._graphs: dict[tuple, tuple] = {}  # input shape -> (graph, its input, its output)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """x float32 on the device -> the graph's output, float32 on the device."""
+        values = dict(self.inits)
+        values[self.input] = x
+        for op, ins, outs, attrs in self.nodes:
+            values[outs[0]] = OPS[op](attrs, *[values[i] for i in ins])
+        return values[self.output].float()
+
+    def _captured(self, shape: tuple) -> tuple:
+        static_in = torch.zeros(shape, dtype=torch.float32, device=self.device)
+        side = torch.cuda.Stream(self.device)
+        side.wait_stream(torch.cuda.current_stream(self.device))
+        with CAPTURE_LOCK, torch.cuda.stream(side):  # warm-up off the capture: cuDNN's plans, workspaces
+            self.forward(static_in)
+        torch.cuda.current_stream(self.device).wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        # NOTE: thread_local: the decode loop's thread keeps launching while this (scoring) thread captures
+        with CAPTURE_LOCK, torch.cuda.graph(graph, capture_error_mode="thread_local"):
+            static_out = self.forward(static_in)
+        return graph, static_in, static_out
 
     @torch.inference_mode()
     def run(self, _outputs, feeds: dict) -> list[np.ndarray]:
-        values = dict(self.inits)
-        values[self.input] = torch.as_tensor(feeds[self.input], dtype=torch.float32).to(self.device)
-        for op, ins, outs, attrs in self.nodes:
-            values[outs[0]] = OPS[op](attrs, *[values[i] for i in ins])
-        return [values[self.output].float().cpu().numpy()]
+        x = torch.as_tensor(feeds[self.input], dtype=torch.float32).to(self.device)
+        if not self.graphs:
+            return [self.forward(x).cpu().numpy()]
+        key = tuple(x.shape)
+        if key not in self._graphs:
+            self._graphs[key] = self._captured(key)
+        graph, static_in, static_out = self._graphs[key]
+        static_in.copy_(x)
+        graph.replay()
+        return [static_out.cpu().numpy()]

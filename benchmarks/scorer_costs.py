@@ -91,7 +91,7 @@ def main() -> None:
         print(f"{part:<22} {seconds:8.3f} s {1e3 * seconds / args.rows:9.2f} ms/row", flush=True)
 
     with tempfile.TemporaryDirectory() as tmp:
-        folder = write_whisper_turbo((args.root or Path(tmp)) / "whisper")
+        folder = None if args.skip_asr else write_whisper_turbo((args.root or Path(tmp)) / "whisper")
         for beams in [] if args.skip_asr else args.beams:
             asr = WhisperASR(folder, device, batch_size=args.batch, num_beams=beams)
             clips_16k = [to_rate(a, RATE, asr.sampling_rate) for a in audio]

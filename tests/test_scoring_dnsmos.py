@@ -17,7 +17,7 @@ KEYS = ("sig_mos", "bak_mos", "ovrl_mos", "p808_mos")  # speechmos's names, in t
 
 @pytest.fixture(scope="module")
 def dnsmos():
-    pytest.importorskip("speechmos")
+    pytest.importorskip("speechmos.dnsmos")  # the reference imports librosa too
     from speechmos import dnsmos
 
     return dnsmos
@@ -136,6 +136,19 @@ def test_torch_runtime_equals_onnxruntime(dnsmos, ours):
     (got,), (ref,) = by_torch.score([_row(clip)]), ours.score([_row(clip)])
     assert [got[n] for n in NAMES] == pytest.approx([ref[n] for n in NAMES], abs=1e-5)
     assert [got[n] for n in NAMES] == pytest.approx(_theirs(dnsmos, clip), abs=1e-5)
+
+
+def test_windows_cut_on_the_device_are_the_host_windows():
+    """The torch runtime's windows (each clip uploaded once, cut by unfold) are the host's, which the
+    tests above hold to speechmos's, for a short clip (repeated), one window, and many."""
+    import torch
+
+    by_torch = DnsmosScorer(runtime="torch")
+    for seconds in (3.0, 9.5, 24.0):
+        clip = tone(seconds, 220, rate=RATE, seed=2) * 1.5  # some samples past 1: clipped first
+        host, dev = by_torch.windows(clip), by_torch.device_windows(clip)
+        assert isinstance(dev, torch.Tensor) and dev.shape == host.shape
+        assert np.array_equal(dev.numpy(), host)
 
 
 def test_half_convolutions_within_a_hundredth_of_onnxruntime(ours):

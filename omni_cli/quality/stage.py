@@ -18,7 +18,6 @@ stage idle, this stage idle and its inbox empty, checked in that order (each fee
 from __future__ import annotations
 
 import queue
-import sys
 import threading
 import time
 import traceback
@@ -34,9 +33,6 @@ from omni_cli.scheduler import Request
 
 WAIT_S = 0.002  # the loop's poll while only scoring or writing can bring more work
 BATCH_WAIT_S = 0.25  # how long a scorer call waits after its first row for more, while the loop decodes
-# NOTE: while the scoring thread runs Python (text normalising, jiwer, the degenerate checks), the loop
-# thread waits up to CPython's switch interval for the GIL at each launch; the default 5 ms is a decode step
-SWITCH_INTERVAL_S = 2e-4
 
 
 @dataclass(eq=False)
@@ -76,8 +72,6 @@ class QualityStage:
         self.scored = self.retries = 0
         self.calls: list[int] = []  # rows in each scoring call (run.json: how full the batches ran)
         self.error: BaseException | None = None  # a bug of the scoring thread (raised by check)
-        self._switch_interval = sys.getswitchinterval()  # restored by close
-        sys.setswitchinterval(min(self._switch_interval, SWITCH_INTERVAL_S))
         self._thread = threading.Thread(target=self._run, name="omni-scoring", daemon=True)
         self._thread.start()
 
@@ -151,7 +145,6 @@ class QualityStage:
         """Every attempt handed in is decided; the scorers stay loaded (their owner closes them)."""
         self._queue.put(None)
         self._thread.join()
-        sys.setswitchinterval(self._switch_interval)
 
     def check(self) -> None:
         if self.error is not None:

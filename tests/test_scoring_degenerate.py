@@ -119,6 +119,38 @@ def test_frame_loop():
     assert longest_loop(near[8:-8], 250)[0] < 14
 
 
+def _loop_by_definition(frames: np.ndarray, max_period: int) -> tuple[int, int]:
+    """The oracle, plainly: for each period and start, how many frames in a row equal the frame a period on."""
+    n, best = len(frames), (0, 0)
+    for period in range(1, min(max_period, n // 2) + 1):
+        for start in range(n - period):
+            k = 0
+            while start + k + period < n and np.array_equal(frames[start + k], frames[start + k + period]):
+                k += 1
+            if k >= period and k + period > best[0]:
+                best = (k + period, period)
+    return best
+
+
+@pytest.mark.parametrize("cells", [1 << 20, 7])
+def test_loop_search_matches_its_definition_on_random_rows(cells, monkeypatch):
+    """longest_loop (every period at once; `cells` small: a few periods a block) against the definition, on
+    rows of a few distinct frames (so repeats of every period occur by chance), with planted loops, and
+    periods capped below n // 2."""
+    from omni_cli.runners.scoring import degenerate
+
+    monkeypatch.setattr(degenerate, "LOOP_SEARCH_CELLS", cells)
+    rng = np.random.default_rng(5)
+    for trial in range(40):
+        n = int(rng.integers(0, 60))
+        frames = rng.integers(0, 2 + trial % 3, size=(n, 2))
+        if n > 20 and trial % 2:
+            p = int(rng.integers(1, 6))
+            frames[5:5 + 3 * p] = np.tile(frames[5:5 + p], (3, 1))
+        cap = int(rng.integers(1, 30))
+        assert longest_loop(frames, cap) == _loop_by_definition(frames, cap), (trial, n, cap)
+
+
 def test_hit_max_frames():
     codes, logprobs, mask = _codes(64)
     common = dict(codes=codes, logprobs=logprobs, mask=mask, frame_rate=25.0, max_new_frames=64)

@@ -37,6 +37,7 @@ CLIP_LEVEL = 0.999  # |sample| at or above: full scale (16-bit PCM's largest is 
 CHARS_PER_S, WIDE_CHARS_PER_S = 15, 4.5  # omni_cli/longform.py's reading rates (tests hold them equal)
 LOGPROB_WINDOW = 25  # frames: omni_cli/output.py's min_window_logprob window
 MAX_LOOP_PERIOD_S = 10.0  # longest loop period searched
+LOOP_SEARCH_CELLS = 1 << 20  # periods x frames the loop search holds at once
 
 # name -> (direction, threshold, why): reject where the value is above (">") or below ("<") it
 THRESHOLDS = {
@@ -128,21 +129,29 @@ def min_window_mean(logprobs: np.ndarray, mask: np.ndarray, window: int = LOGPRO
 
 def longest_loop(frames: np.ndarray, max_period: int) -> tuple[int, int]:
     """frames [n, streams] -> (frames covered, period) of the longest stretch that is one n-gram of
-    whole frames repeated back to back at least twice; (0, 0) where there is none."""
+    whole frames repeated back to back at least twice; (0, 0) where there is none. Ties: the shortest
+    period. Every period at once (a [periods, n] array: no Python loop holding the scoring thread's GIL)."""
     n = len(frames)
-    if n < 2:
+    top = min(max_period, n // 2)
+    if top < 1:
         return 0, 0
-    ids = np.unique(frames, axis=0, return_inverse=True)[1].reshape(-1)  # a frame -> an integer
-    best = (0, 0)
-    for period in range(1, min(max_period, n // 2) + 1):
-        same = np.concatenate([[False], ids[period:] == ids[:-period], [False]])
-        edges = np.flatnonzero(np.diff(same.astype(np.int8)))  # starts and ends of runs of True
-        if not len(edges):
-            continue
-        run = int((edges[1::2] - edges[::2]).max())  # frame i repeats i + period for `run` frames in a row
-        if run >= period and run + period > best[0]:
-            best = (run + period, period)
-    return best
+    whole = np.ascontiguousarray(frames)
+    rows = whole.view(np.dtype((np.void, whole.dtype.itemsize * whole.shape[1]))).reshape(-1)
+    ids = np.unique(rows, return_inverse=True)[1].reshape(-1)  # a frame -> an integer
+    at = np.arange(n)
+    covered_parts = []
+    step = max(1, LOOP_SEARCH_CELLS // n)  # periods a block: its [periods, n] arrays stay small for long rows
+    for first in range(1, top + 1, step):
+        periods = np.arange(first, min(first + step, top + 1))
+        ahead = at[None, :] + periods[:, None]  # [periods, n]: frame i against frame i + period
+        same = (ahead < n) & (ids[np.minimum(ahead, n - 1)] == ids[None, :])
+        # each position's run of True so far: its index less the last False at or before it
+        last_false = np.maximum.accumulate(np.where(same, -1, at[None, :]), axis=1)
+        run = (at[None, :] - last_false).max(axis=1)  # [periods]: frame i repeats i + period for `run` frames
+        covered_parts.append(np.where(run >= periods, run + periods, 0))
+    covered, periods = np.concatenate(covered_parts), np.arange(1, top + 1)
+    best = int(np.argmax(covered))  # the first of the longest: the shortest period
+    return (int(covered[best]), int(periods[best])) if covered[best] > 0 else (0, 0)
 
 
 def code_scores(row: ScoreInput) -> RowScores:

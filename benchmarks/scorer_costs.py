@@ -3,7 +3,8 @@
 Builds the random Whisper large-v3-turbo-shaped checkpoint (benchmarks/scoring_models.py), then
 scores N synthetic clips of --seconds seconds at 24 kHz (tones under a syllable-rate envelope,
 with noise) in calls of --batch rows, and times each part on its own (synchronized):
-  asr-features  log-mel features of every clip (the feature extractor on the device)
+  asr-features  log-mel features of every clip, batched on the device (WhisperASR.batch_features);
+                "extractor": transformers' feature extractor clip by clip, as before
   asr-encoder   Whisper's encoder over those features, bf16/fp16 (every clip padded to 30 s)
   asr b=K       the whole transcription (features, encoder, generate) with K beams
   mos <runtime> DNSMOS (SIG/BAK/OVRL/P.808) through onnxruntime or our torch executor
@@ -96,17 +97,17 @@ def main() -> None:
             asr = WhisperASR(folder, device, batch_size=args.batch, num_beams=beams)
             clips_16k = [to_rate(a, RATE, asr.sampling_rate) for a in audio]
             if beams == args.beams[0]:
+                record("asr-features extractor", timed(lambda: [asr._features(c, False) for c in clips_16k]))
+
                 def features():
-                    return [asr._features(c, False) for c in clips_16k]
+                    return [asr.batch_features(clips_16k[s:s + args.batch]) for s in range(0, args.rows, args.batch)]
                 record("asr-features", timed(features))
                 feats = features()
 
                 @torch.inference_mode()
                 def encoder():
-                    for start in range(0, args.rows, args.batch):
-                        part = feats[start:start + args.batch]
-                        x = torch.cat([f["input_features"] for f in part]).to(asr.device, asr.dtype)
-                        asr.model.model.encoder(x)
+                    for part in feats:
+                        asr.model.model.encoder(part["input_features"].to(asr.device, asr.dtype))
                 record("asr-encoder", timed(encoder), dtype=str(asr.dtype))
             record(f"asr b={beams}", timed(lambda: asr.transcribe(clips_16k, ["en"] * args.rows)), beams=beams)
             asr.close()

@@ -42,6 +42,19 @@ def test_batched_transcripts_are_the_pipelines_for_each_clip_alone(pipe, asr, la
     assert asr.transcribe(CLIPS, [language] * len(CLIPS)) == expected
 
 
+def test_batch_features_are_the_extractors_for_each_clip_alone(asr):
+    """Our batched log-mel (the device path) against transformers' WhisperFeatureExtractor on each clip
+    alone: features within float32 rounding, attention masks equal; a 30 s clip and an empty one too."""
+    clips = CLIPS + [tone(30.0, 260, seed=9), np.zeros(0, np.float32)]
+    got = asr.batch_features(clips)
+    for i, clip in enumerate(clips):
+        theirs = asr.processor.feature_extractor(clip, sampling_rate=16000, return_tensors="pt",
+                                                  return_attention_mask=True)
+        np.testing.assert_allclose(got["input_features"][i].numpy(), theirs["input_features"][0].numpy(),
+                                   rtol=0, atol=1e-5)
+        assert np.array_equal(got["attention_mask"][i].numpy(), theirs["attention_mask"][0].numpy())
+
+
 def test_batch_size_order_and_languages_change_no_transcript(asr):
     langs = [None, "en", "de", None, "en"]
     whole = asr.transcribe(CLIPS, langs)

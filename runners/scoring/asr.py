@@ -3,8 +3,8 @@
 `WhisperASR` runs `WhisperForConditionalGeneration` from a hub id or folder, batched, and
 decodes as transformers' `pipeline("automatic-speech-recognition")` does for one clip alone,
 so a row's transcript is the pipeline's:
-- audio resampled to 16 kHz (runners/resample.py), log-mel features computed per clip
-  (each clip padded to Whisper's 30 s, as alone);
+- audio resampled to 16 kHz (runners/resample.py), the feature extractor's log-mel of each
+  clip (padded to Whisper's 30 s, as alone), computed for the batch on the device (`batch_features`);
 - the pipeline's generation defaults: `num_beams` 5 unless the checkpoint's generation config
   sets it, `max_new_tokens` 256 unless it sets a length (both can be given);
 - the row's language where the checkpoint knows it (rows batch by language), else Whisper
@@ -88,6 +88,28 @@ class WhisperASR:
         return fe(clip_host, sampling_rate=self.sampling_rate, return_tensors="pt", return_attention_mask=True,
                   device=str(self.device), **extra)
 
+    def batch_features(self, clips_16k: Sequence[np.ndarray]) -> dict:
+        """Clips of up to 30 s -> {"input_features" [B, mels, frames] float32 on the model's device,
+        "attention_mask" [B, frames]}: the feature extractor's log-mel of each clip alone (padded to 30 s,
+        the clip's own maximum), computed here for the batch on the device. NOTE: the extractor itself
+        pads each clip on the host, uploads 30 s, and returns its features to the host."""
+        fe = self.processor.feature_extractor
+        if getattr(fe, "dither", 0.0):  # its random dither: only the extractor's own draw reproduces it
+            feats = [self._features(c, False) for c in clips_16k]
+            return {k: torch.cat([f[k] for f in feats]) for k in ("input_features", "attention_mask")}
+        wave_dev = torch.zeros((len(clips_16k), self.max_samples), dtype=torch.float32, device=self.device)
+        for i, clip in enumerate(clips_16k):  # each clip uploaded as it is, zeros after it (the extractor's padding)
+            wave_dev[i, :len(clip)] = torch.from_numpy(np.ascontiguousarray(clip, dtype=np.float32)).to(self.device)
+        window = torch.hann_window(fe.n_fft, device=self.device)
+        stft = torch.stft(wave_dev, fe.n_fft, fe.hop_length, window=window, return_complex=True)
+        power = (stft[..., :-1].abs() ** 2).contiguous()  # [B, freq, frames]: the last frame dropped, as theirs
+        mel = torch.from_numpy(fe.mel_filters).to(self.device, torch.float32).T @ power  # [B, mels, frames]
+        log = torch.clamp(mel, min=1e-10).log10()
+        log = torch.maximum(log, log.amax(dim=(1, 2), keepdim=True) - 8.0)  # each clip's own maximum
+        frames = np.arange(log.shape[-1]) * fe.hop_length
+        mask = torch.from_numpy(np.stack([frames < len(c) for c in clips_16k]).astype(np.int32))
+        return {"input_features": (log + 4.0) / 4.0, "attention_mask": mask}
+
     @torch.inference_mode()
     def _generate(self, feats, language: str | None) -> list[str]:
         features_gpu = feats["input_features"].to(self.device, self.dtype)  # [B, mels, frames] (on the model's device)
@@ -117,8 +139,7 @@ class WhisperASR:
                 groups.setdefault(code, []).append(i)
         for code, rows in groups.items():
             for part in chunks(rows, self.batch_size):
-                feats = [self._features(clips_16k[i], False) for i in part]
-                batch = {k: torch.cat([f[k] for f in feats]) for k in ("input_features", "attention_mask")}
+                batch = self.batch_features([clips_16k[i] for i in part])
                 run = self._greedy if self.greedy is not None else self._generate
                 for i, text in zip(part, run(batch, code)):
                     out[i] = text

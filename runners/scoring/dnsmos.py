@@ -229,11 +229,13 @@ class DnsmosScorer(Scorer):
         return clip_dev.unfold(0, WINDOW, HOP)[: len(window_starts(len(clip)))]  # [windows, WINDOW], a view
 
     def window_scores(self, windows) -> tuple[np.ndarray, np.ndarray]:
-        """[n, WINDOW] (numpy; the torch runtime also takes a tensor on its device) -> (P.835 [n, 3] float64: sig, bak, ovrl, calibrated; P.808 [n] float32)."""
+        """[n, WINDOW] (numpy; the torch runtime also takes a tensor on its device) -> (P.835 [n, 3]
+        float64: sig, bak, ovrl, calibrated; P.808 [n] float32)."""
         if self.runtime == "torch":  # both models and the log-mel read one copy on the executor's device
             import torch
 
-            windows_dev = windows if isinstance(windows, torch.Tensor) else torch.from_numpy(windows).to(self.p808.device)
+            windows_dev = windows if isinstance(windows, torch.Tensor) else \
+                torch.from_numpy(windows).to(self.p808.device)
             raw = self._run(self.primary, windows_dev)  # [n, 3] float32
             mels = p808_features_torch(windows_dev[:, :-160])  # [n, 900, 120]
         else:

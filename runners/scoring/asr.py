@@ -62,6 +62,9 @@ class WhisperASR:
         self.lang_to_id = dict(getattr(gc, "lang_to_id", None) or {}) if getattr(gc, "is_multilingual", False) else {}
         fe = self.processor.feature_extractor
         self.sampling_rate, self.max_samples = int(fe.sampling_rate), int(fe.n_samples)
+        # batch_features' constants, on the device once
+        self._hann_dev = torch.hann_window(fe.n_fft, device=self.device)
+        self._mel_filters_dev = torch.from_numpy(fe.mel_filters).to(self.device, torch.float32).T  # [mels, freq]
         tok = self.processor.tokenizer
         # ids that are never text: special tokens and timestamps (every id past <|notimestamps|>)
         self._not_text = set(tok.all_special_ids)
@@ -100,10 +103,9 @@ class WhisperASR:
         wave_dev = torch.zeros((len(clips_16k), self.max_samples), dtype=torch.float32, device=self.device)
         for i, clip in enumerate(clips_16k):  # each clip uploaded as it is, zeros after it (the extractor's padding)
             wave_dev[i, :len(clip)] = torch.from_numpy(np.ascontiguousarray(clip, dtype=np.float32)).to(self.device)
-        window = torch.hann_window(fe.n_fft, device=self.device)
-        stft = torch.stft(wave_dev, fe.n_fft, fe.hop_length, window=window, return_complex=True)
+        stft = torch.stft(wave_dev, fe.n_fft, fe.hop_length, window=self._hann_dev, return_complex=True)
         power = (stft[..., :-1].abs() ** 2).contiguous()  # [B, freq, frames]: the last frame dropped, as theirs
-        mel = torch.from_numpy(fe.mel_filters).to(self.device, torch.float32).T @ power  # [B, mels, frames]
+        mel = self._mel_filters_dev @ power  # [B, mels, frames]
         log = torch.clamp(mel, min=1e-10).log10()
         log = torch.maximum(log, log.amax(dim=(1, 2), keepdim=True) - 8.0)  # each clip's own maximum
         frames = np.arange(log.shape[-1]) * fe.hop_length

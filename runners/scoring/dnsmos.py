@@ -215,31 +215,30 @@ class DnsmosScorer(Scorer):
             outs.append(session.run(None, {"input_1": part})[0][:n])
         return np.concatenate(outs)
 
+    @staticmethod
+    def _repeated(audio_16k: np.ndarray) -> np.ndarray:
+        return repeat_to_window(np.clip(audio_16k, -1.0, 1.0).astype(np.float32))
+
     def windows(self, audio_16k: np.ndarray) -> np.ndarray:
         """[samples] at 16 kHz -> [windows, WINDOW] float32."""
-        clip = repeat_to_window(np.clip(audio_16k, -1.0, 1.0).astype(np.float32))
+        clip = self._repeated(audio_16k)
         return np.stack([clip[s:s + WINDOW] for s in window_starts(len(clip))])
 
     def device_windows(self, audio_16k: np.ndarray):
         """windows() on the torch executor's device: the clip (repeated) uploaded, its windows cut there."""
         import torch
 
-        clip = repeat_to_window(np.clip(audio_16k, -1.0, 1.0).astype(np.float32))
+        clip = self._repeated(audio_16k)
         clip_dev = torch.from_numpy(clip).to(self.p808.device)  # [samples]
         return clip_dev.unfold(0, WINDOW, HOP)[: len(window_starts(len(clip)))]  # [windows, WINDOW], a view
 
     def window_scores(self, windows) -> tuple[np.ndarray, np.ndarray]:
-        """[n, WINDOW] (numpy; the torch runtime also takes a tensor on its device) -> (P.835 [n, 3]
-        float64: sig, bak, ovrl, calibrated; P.808 [n] float32)."""
-        if self.runtime == "torch":  # both models and the log-mel read one copy on the executor's device
-            import torch
-
-            windows_dev = windows if isinstance(windows, torch.Tensor) else \
-                torch.from_numpy(windows).to(self.p808.device)
-            raw = self._run(self.primary, windows_dev)  # [n, 3] float32
-            mels = p808_features_torch(windows_dev[:, :-160])  # [n, 900, 120]
+        """[n, WINDOW] (numpy; for the torch runtime a tensor on its device, which both models and the
+        log-mel read) -> (P.835 [n, 3] float64: sig, bak, ovrl, calibrated; P.808 [n] float32)."""
+        raw = self._run(self.primary, windows)  # [n, 3] float32
+        if self.runtime == "torch":
+            mels = p808_features_torch(windows[:, :-160])  # [n, 900, 120]
         else:
-            raw = self._run(self.primary, windows)
             mels = np.stack([p808_features(w[:-160]) for w in windows])  # [n, 900, 120]
         p835 = np.stack([_poly(POLY_SIG, raw[:, 0]), _poly(POLY_BAK, raw[:, 1]), _poly(POLY_OVR, raw[:, 2])], axis=1)
         return p835, self._run(self.p808, mels)[:, 0]
@@ -248,14 +247,14 @@ class DnsmosScorer(Scorer):
         """Each row's per-window scores (P.835 [n, 3], P.808 [n]); None for a row without audio.
         Every row's windows run together, in groups of `window_batch`."""
         live = [i for i, row in enumerate(batch) if len(row.audio)]
-        if self.runtime == "torch":  # NOTE: each clip uploaded once, its windows cut on the device: a call's
-            # windows stacked on the host were 7x the audio, copied twice under the GIL and then over PCIe
-            per_row = [self.device_windows(to_rate(batch[i].audio, batch[i].sample_rate, RATE)) for i in live]
-        else:
-            per_row = [self.windows(to_rate(batch[i].audio, batch[i].sample_rate, RATE)) for i in live]
+        on_device = self.runtime == "torch"
+        # NOTE: the torch runtime uploads each clip once and cuts its windows on the device: a call's
+        # windows stacked on the host were 7x the audio, copied twice under the GIL and then over PCIe
+        cut = self.device_windows if on_device else self.windows
+        per_row = [cut(to_rate(batch[i].audio, batch[i].sample_rate, RATE)) for i in live]
         out: list[tuple[np.ndarray, np.ndarray] | None] = [None] * len(batch)
         if live:
-            if self.runtime == "torch":
+            if on_device:
                 import torch
 
                 p835, p808 = self.window_scores(torch.cat(per_row))
